@@ -1,0 +1,258 @@
+"""The ``pgcounters`` command line. One parser, reused by ``manage.py pgcounters``.
+
+Exit codes: 0 success; 1 a pgcounters error (the message says which);
+2 bad usage; 3 ``drain`` stopped by its bound with deltas still queued;
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pgcounters import __version__, demo, schema
+from pgcounters.client import MODES, Counters
+from pgcounters.config import connect, database
+from pgcounters.errors import InvalidKey, PgCountersError
+from pgcounters.keys import KeyType
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MORE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+Handler = Callable[[argparse.Namespace, str], int]
+
+
+def _parse_key(text: str | None, key_types: tuple[KeyType, ...]) -> object:
+    """Command-line key text (parts separated by commas) as Python values."""
+    import datetime as dt
+
+    if not key_types:
+        if text:
+            raise InvalidKey("this counter is global and takes no key")
+        return None
+    if text is None:
+        raise InvalidKey(f"this counter needs a key of ({', '.join(key_types)})")
+    parts = text.split(",") if len(key_types) > 1 else [text]
+    if len(parts) != len(key_types):
+        raise InvalidKey(f"expected {len(key_types)} comma-separated key parts, got {text!r}")
+    out: list[object] = []
+    for part, key_type in zip(parts, key_types, strict=True):
+        try:
+            if key_type == "bigint":
+                out.append(int(part))
+            elif key_type == "date":
+                out.append(dt.date.fromisoformat(part))
+            else:
+                out.append(part)
+        except ValueError:
+            raise InvalidKey(f"{part!r} is not a valid {key_type}") from None
+    return tuple(out) if len(out) > 1 else out[0]
+
+
+def _cmd_install(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        applied = schema.install(conn)
+        state = schema.state(conn)
+    if applied:
+        print(f"installed the pgcounters schema, version {state.installed}")
+    elif state.current:
+        print(f"the pgcounters schema is already installed (version {state.installed})")
+    else:
+        print(
+            f"the pgcounters schema is installed at version {state.installed}; "
+            f"run `pgcounters upgrade` to reach {state.expected}"
+        )
+    return EXIT_OK
+
+
+def _cmd_upgrade(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        applied = schema.upgrade(conn)
+        state = schema.state(conn)
+    if applied:
+        print(
+            f"applied migrations {', '.join(map(str, applied))}; now at version {state.installed}"
+        )
+    else:
+        print(f"already at version {state.installed}")
+    return EXIT_OK
+
+
+def _cmd_version(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        state = schema.state(conn)
+    print(f"package {__version__}; schema installed {state.installed}, expected {state.expected}")
+    return EXIT_OK if state.current else EXIT_ERROR
+
+
+def _cmd_create(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        pc = Counters(conn)
+        if args.table:
+            counter = pc.create_column_counter(
+                args.name, args.table, args.column or args.name, args.key_column, args.mode
+            )
+        else:
+            counter = pc.create_counter(args.name, tuple(args.key or ()), args.mode)
+    print(f"counter {counter.name}: key ({', '.join(counter.key_types)}), mode {counter.mode}")
+    return EXIT_OK
+
+
+def _cmd_drop(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        dropped = Counters(conn).drop_counter(args.name)
+    print(f"dropped {args.name}" if dropped else f"no counter named {args.name}")
+    return EXIT_OK if dropped else EXIT_ERROR
+
+
+def _cmd_list(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        found = Counters(conn).counters()
+    if args.json:
+        print(json.dumps([
+            {"name": c.name, "key": list(c.key_types), "mode": c.mode,
+             "table": f"{c.table_schema}.{c.table}" if c.table else None, "column": c.column}
+            for c in found
+        ]))  # fmt: skip
+        return EXIT_OK
+    for c in found:
+        where = f" -> {c.table_schema}.{c.table}.{c.column}" if c.table else ""
+        print(f"{c.name}  key=({', '.join(c.key_types)})  mode={c.mode}{where}")
+    return EXIT_OK
+
+
+def _cmd_incr(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        pc = Counters(conn)
+        key = _parse_key(args.key, pc.counter(args.name).key_types)
+        value = pc.incr(args.name, key, args.delta)
+    if value is not None:
+        print(value)
+    return EXIT_OK
+
+
+def _cmd_get(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        pc = Counters(conn)
+        key = _parse_key(args.key, pc.counter(args.name).key_types)
+        print(pc.get(args.name, key, exact=not args.stored))
+    return EXIT_OK
+
+
+def _cmd_top(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        rows = Counters(conn).top(args.name, args.n)
+    for key, value in rows:
+        print(f"{','.join(str(p) for p in key) or '-'}\t{value}")
+    return EXIT_OK
+
+
+def _cmd_drain(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        result = Counters(conn).drain(
+            args.batch_size, max_batches=args.max_batches, time_limit=args.time_limit
+        )
+        logged, unlogged = Counters(conn).pending()
+    print(
+        f"applied {result.deltas} deltas to {result.keys} keys in {result.batches} batches, "
+        f"{result.seconds:.3f}s ({result.rate:,.0f} deltas/s); {logged + unlogged} still queued"
+    )
+    bounded = args.max_batches is not None or args.time_limit is not None
+    return EXIT_MORE if bounded and logged + unlogged else EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace, dsn: str) -> int:
+    return demo.main(dsn)
+
+
+def _cmd_server(args: argparse.Namespace, dsn: str) -> int:
+    print(f"PGCOUNTERS_DSN='{dsn}'")
+    print("serving; press Ctrl-C to stop", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
+    """The argument parser of every pgcounters command (also used by the Django command)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Exact, fast, deadlock-free counters for PostgreSQL.",
+        epilog="With no --dsn, PGCOUNTERS_DSN or DATABASE_URL, an embedded PostgreSQL is "
+        "started with its data in ./pgcounters-data (or PGCOUNTERS_DATA_DIR).",
+    )
+    parser.add_argument("--version", action="version", version=f"pgcounters {__version__}")
+    parser.add_argument("--dsn", help="PostgreSQL connection string (default: $PGCOUNTERS_DSN)")
+    parser.add_argument("--data-dir", help="data directory of the embedded PostgreSQL")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    add("install", _cmd_install, "install the pgcounters schema (idempotent)")
+    add("upgrade", _cmd_upgrade, "apply pending schema migrations")
+    add("version", _cmd_version, "show package and schema versions (exit 1 if they differ)")
+
+    p = add("create", _cmd_create, "declare a counter")
+    p.add_argument("name")
+    p.add_argument(
+        "--key",
+        action="append",
+        choices=["bigint", "uuid", "text", "date"],
+        help="a key part type; repeat for composite keys; none for a global counter",
+    )
+    p.add_argument("--mode", choices=MODES, default="queued")
+    p.add_argument("--table", help="keep values in a column of this table (S2)")
+    p.add_argument("--column", help="the counter column (default: the counter name)")
+    p.add_argument("--key-column", default="id", help="the column identifying a row (default: id)")
+
+    p = add("drop", _cmd_drop, "forget a counter, its values and pending deltas")
+    p.add_argument("name")
+
+    p = add("list", _cmd_list, "list declared counters")
+    p.add_argument("--json", action="store_true")
+
+    p = add("incr", _cmd_incr, "add to a counter")
+    p.add_argument("name")
+    p.add_argument("key", nargs="?", help="key parts separated by commas; omit for global")
+    p.add_argument("--delta", type=int, default=1)
+
+    p = add("get", _cmd_get, "read a counter (exact: stored + pending)")
+    p.add_argument("name")
+    p.add_argument("key", nargs="?")
+    p.add_argument("--stored", action="store_true", help="stored value only")
+
+    p = add("top", _cmd_top, "keys with the highest stored values")
+    p.add_argument("name")
+    p.add_argument("-n", type=int, default=10)
+
+    p = add("drain", _cmd_drain, "apply queued deltas (one transaction per batch)")
+    p.add_argument("--batch-size", type=int, default=10_000)
+    p.add_argument("--max-batches", type=int)
+    p.add_argument("--time-limit", type=float, help="stop starting batches after this many seconds")
+
+    add("demo", _cmd_demo, "run the seed's hot-counter workload, naive vs pgcounters")
+    add("server", _cmd_server, "run the embedded PostgreSQL until Ctrl-C and print its DSN")
+    return parser
+
+
+def run(argv: Sequence[str] | None = None, *, prog: str = "pgcounters") -> int:
+    args = build_parser(prog).parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        with database(args.dsn, args.data_dir, quiet=args.command not in ("demo", "server")) as dsn:
+            return handler(args, dsn)
+    except PgCountersError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def main() -> Any:
+    sys.exit(run())

@@ -1,0 +1,420 @@
+"""The Python client: declare, increment, read, rank and drain counters.
+
+A :class:`Counters` wraps one psycopg 3 connection and works inside whatever
+transaction that connection is in: an increment made in a transaction that
+rolls back leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias, get_args
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from pgcounters import schema
+from pgcounters.dberrors import translated
+from pgcounters.errors import DrainError, InvalidCounterDefinition, UnknownCounter
+from pgcounters.keys import (
+    Key,
+    KeyType,
+    check_delta,
+    check_name,
+    decode_key,
+    encode_key,
+    normalize_key_types,
+)
+from pgcounters.sqlfiles import query
+
+Mode: TypeAlias = Literal["queued", "unlogged", "direct"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+Increment: TypeAlias = tuple[str, object, int]
+"""One item of :meth:`Counters.incr_many`: ``(counter name, key, delta)``."""
+
+_MAX_ROWS_PER_STATEMENT = 5000
+_DRAIN_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class Counter:
+    """A declared counter, as stored in ``pgcounters.targets``."""
+
+    id: int
+    name: str
+    key_types: tuple[KeyType, ...]
+    mode: Mode
+    table_schema: str | None = None
+    table: str | None = None
+    column: str | None = None
+    key_column: str | None = None
+
+    @property
+    def is_column(self) -> bool:
+        """True when the values live in a column of a user table (S2)."""
+        return self.table is not None
+
+    def _identifiers(self) -> dict[str, sql.Composable]:
+        if not (self.table_schema and self.table and self.column and self.key_column):
+            raise InvalidCounterDefinition(f"counter {self.name!r} is not a column counter")
+        return {
+            "table": sql.Identifier(self.table_schema, self.table),
+            "column": sql.Identifier(self.column),
+            "key_column": sql.Identifier(self.key_column),
+        }
+
+    def composed(self, name: str) -> sql.Composed:
+        """The named query with this column target's identifiers quoted in."""
+        return sql.SQL(query(name)).format(**self._identifiers())
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """What :meth:`Counters.drain` applied."""
+
+    deltas: int
+    keys: int
+    batches: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Deltas applied per second."""
+        return self.deltas / self.seconds if self.seconds > 0 else 0.0
+
+
+def _row_to_counter(row: Sequence[Any]) -> Counter:
+    return Counter(
+        id=row[0],
+        name=row[1],
+        key_types=tuple(row[2]),
+        mode=row[3],
+        table_schema=row[4],
+        table=row[5],
+        column=row[6],
+        key_column=row[7],
+    )
+
+
+class Counters:
+    """Counters kept in a PostgreSQL database, through one psycopg connection.
+
+    The connection may be in autocommit mode (each call is its own transaction)
+    or not (calls join the current transaction, which the caller commits).
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], *, check_schema: bool = True) -> None:
+        self.conn = conn
+        self._cache: dict[str, Counter] = {}
+        self._schema_checked = not check_schema
+
+    # -- declarations -------------------------------------------------------
+
+    def _ensure_schema(self) -> None:
+        if not self._schema_checked:
+            schema.check(self.conn)
+            self._schema_checked = True
+
+    def create_counter(self, name: str, key: object = None, mode: Mode = "queued") -> Counter:
+        """Declare a named counter (idempotent for the same definition).
+
+        ``key`` gives the key types: ``None`` for a global counter, ``int`` or
+        ``"bigint"`` for a row id, ``(int, datetime.date)`` for a composite key.
+        """
+        check_name(name)
+        key_types = normalize_key_types(key)
+        self._check_mode(mode)
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                query("create_counter"), {"name": name, "key_types": list(key_types), "mode": mode}
+            )
+        self._cache.pop(name, None)
+        return self.counter(name)
+
+    def create_column_counter(
+        self,
+        name: str,
+        table: str,
+        column: str,
+        key_column: str = "id",
+        mode: Mode = "queued",
+    ) -> Counter:
+        """Declare a counter kept in ``table.column``, one value per ``key_column`` (S2).
+
+        ``table`` may be schema-qualified (``"blog.article"``). The column must
+        be an integer type; the key type is read from the catalog.
+        """
+        check_name(name)
+        self._check_mode(mode)
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                query("create_column_counter"),
+                {
+                    "name": name,
+                    "table": table,
+                    "column": column,
+                    "key_column": key_column,
+                    "mode": mode,
+                },
+            )
+        self._cache.pop(name, None)
+        return self.counter(name)
+
+    def drop_counter(self, name: str) -> bool:
+        """Forget a counter, its values and its pending deltas. False if it did not exist."""
+        check_name(name)
+        self._ensure_schema()
+        self._cache.pop(name, None)
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("drop_counter"), {"name": name})
+            row = cur.fetchone()
+        return bool(row and row[0])
+
+    def counter(self, name: str) -> Counter:
+        """The declaration of ``name`` (cached per client)."""
+        cached = self._cache.get(name)
+        if cached is not None:
+            return cached
+        check_name(name)
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("target_by_name"), {"name": name})
+            row = cur.fetchone()
+        if row is None:
+            raise UnknownCounter(f"no counter named {name!r} is declared")
+        found = _row_to_counter(row)
+        self._cache[name] = found
+        return found
+
+    def counters(self) -> list[Counter]:
+        """Every declared counter, by name."""
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("list_targets"))
+            return [_row_to_counter(r) for r in cur.fetchall()]
+
+    @staticmethod
+    def _check_mode(mode: object) -> None:
+        if mode not in MODES:
+            raise InvalidCounterDefinition(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+    # -- increments ---------------------------------------------------------
+
+    def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
+        """Add ``delta`` to one counter.
+
+        Queued and unlogged counters insert one delta and return None: no lock
+        on a shared row, nothing to deadlock on. Direct counters update the
+        stored value at once and return it (read-your-write).
+        """
+        counter = self.counter(name)
+        encoded = encode_key(key, counter.key_types, name)
+        check_delta(delta)
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            if counter.mode == "queued":
+                cur.execute(query("enqueue"), (counter.id, encoded, delta))
+                return None
+            if counter.mode == "unlogged":
+                cur.execute(query("enqueue_unlogged"), (counter.id, encoded, delta))
+                return None
+            if counter.is_column:
+                cur.execute(counter.composed("direct_column"), (delta, encoded[0]))
+            else:
+                cur.execute(query("direct_named"), (counter.id, encoded, delta))
+            row = cur.fetchone()
+        return None if row is None else int(row[0])
+
+    def incr_many(self, items: Iterable[Increment]) -> int:
+        """Apply many increments in one transaction, with one statement per kind.
+
+        Deltas are summed per counter and key first; every item is validated
+        before anything is written, so bad input writes nothing. Returns the
+        number of distinct (counter, key) pairs written.
+        """
+        netted: dict[tuple[Counter, tuple[str, ...]], int] = defaultdict(int)
+        for item in items:
+            name, key, delta = item
+            counter = self.counter(name)
+            encoded = tuple(encode_key(key, counter.key_types, name))
+            netted[(counter, encoded)] += check_delta(delta)
+        by_kind: dict[Mode | Literal["direct_column"], list[tuple[Counter, tuple[str, ...], int]]] = defaultdict(list)
+        for (counter, encoded), total in sorted(
+            netted.items(), key=lambda kv: (kv[0][0].id, kv[0][1])
+        ):
+            check_delta(total)
+            if total == 0:
+                continue
+            kind = (
+                "direct_column" if counter.mode == "direct" and counter.is_column else counter.mode
+            )
+            by_kind[kind].append((counter, encoded, total))
+        if not by_kind:
+            return 0
+        with translated(), self.conn.transaction(), self.conn.cursor(row_factory=tuple_row) as cur:
+            for kind, rows in by_kind.items():
+                if kind == "direct_column":
+                    for counter, encoded, total in rows:
+                        cur.execute(counter.composed("direct_column"), (total, encoded[0]))
+                    continue
+                table = {
+                    "queued": "queue",
+                    "unlogged": "queue_unlogged",
+                    "direct": "counters",
+                }[kind]
+                for start in range(0, len(rows), _MAX_ROWS_PER_STATEMENT):
+                    chunk = rows[start : start + _MAX_ROWS_PER_STATEMENT]
+                    cur.execute(_multi_insert(table, len(chunk)), _flatten(chunk))
+        return sum(len(rows) for rows in by_kind.values())
+
+    # -- reads --------------------------------------------------------------
+
+    def get(self, name: str, key: object = None, *, exact: bool = True) -> int:
+        """The value of one counter.
+
+        ``exact=True`` (the default) adds the pending deltas to the stored
+        value in one statement, so the result is exact as of one snapshot.
+        ``exact=False`` reads the stored value only (cheaper, may lag).
+        """
+        counter = self.counter(name)
+        encoded = encode_key(key, counter.key_types, name)
+        params: dict[str, Any] = {"t": counter.id, "k": encoded}
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            if counter.is_column:
+                params["v"] = _typed_key_value(counter, encoded[0])
+                cur.execute(counter.composed("exact_column" if exact else "stored_column"), params)
+            else:
+                cur.execute(query("exact_named" if exact else "stored_named"), params)
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def get_many(self, name: str, keys: Iterable[object], *, exact: bool = True) -> list[int]:
+        """The values of one counter for many keys, in the order given, in one statement."""
+        counter = self.counter(name)
+        key_list = list(keys)
+        encoded = [encode_key(k, counter.key_types, name) for k in key_list]
+        if not encoded:
+            return []
+        if counter.is_column:
+            # one statement per key keeps each exact; column targets are rows of a
+            # user table, usually read through the ORM instead
+            return [self.get(name, k, exact=exact) for k in key_list]
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                query("exact_named_many" if exact else "stored_named_many"),
+                {"t": counter.id, "keys": json.dumps(encoded)},
+            )
+            values: dict[int, int] = dict(cur.fetchall())
+        return [int(values[i]) for i in range(1, len(encoded) + 1)]
+
+    def top(self, name: str, n: int = 10) -> list[tuple[Key, int]]:
+        """The ``n`` keys with the highest stored values, highest first.
+
+        Ranks by stored value (an index scan); deltas not yet drained are not
+        included, so drain often when ranking matters.
+        """
+        counter = self.counter(name)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidCounterDefinition(f"n must be a non-negative int, got {n!r}")
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            if counter.is_column:
+                cur.execute(counter.composed("top_column"), {"n": n})
+                return [
+                    (decode_key([str(k)], counter.key_types), int(v or 0))
+                    for k, v in cur.fetchall()
+                ]
+            cur.execute(query("top_named"), {"t": counter.id, "n": n})
+            return [(decode_key(k, counter.key_types), int(v)) for k, v in cur.fetchall()]
+
+    def pending(self) -> tuple[int, int]:
+        """Number of deltas waiting in the (logged, unlogged) queues."""
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("pending_counts"))
+            row = cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    # -- draining -----------------------------------------------------------
+
+    def drain_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> tuple[int, int]:
+        """Apply one batch of at most ``batch_size`` deltas in its own transaction.
+
+        Returns ``(deltas applied, keys updated)``. Retries the batch when
+        PostgreSQL aborts it for a deadlock or a serialization failure (the
+        deltas stay queued until a batch commits, so nothing is applied twice).
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise DrainError(f"batch size must be a positive int, got {batch_size!r}")
+        if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise DrainError("drain must run outside a transaction: each batch commits on its own")
+        self._ensure_schema()
+        for attempt in range(_DRAIN_RETRIES):
+            try:
+                with (
+                    translated(),
+                    self.conn.transaction(),
+                    self.conn.cursor(row_factory=tuple_row) as cur,
+                ):
+                    cur.execute(query("drain_batch"), {"limit": batch_size, "unlogged": unlogged})
+                    row = cur.fetchone()
+                assert row is not None
+                return int(row[0]), int(row[1])
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                if attempt == _DRAIN_RETRIES - 1:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def drain(
+        self,
+        batch_size: int = 10_000,
+        *,
+        max_batches: int | None = None,
+        time_limit: float | None = None,
+    ) -> DrainResult:
+        """Drain both queues until they are empty (or a bound is reached)."""
+        started = time.perf_counter()
+        deltas = keys = batches = 0
+        for unlogged in (False, True):
+            while max_batches is None or batches < max_batches:
+                if time_limit is not None and time.perf_counter() - started >= time_limit:
+                    break
+                got, touched = self.drain_batch(batch_size, unlogged=unlogged)
+                batches += 1
+                deltas += got
+                keys += touched
+                if got < batch_size:
+                    break
+        return DrainResult(deltas, keys, batches, time.perf_counter() - started)
+
+
+def _typed_key_value(counter: Counter, text: str) -> object:
+    """The Python value of a column target's key, for comparison with its column."""
+    return decode_key([text], counter.key_types)[0]
+
+
+def _multi_insert(table: str, rows: int) -> sql.Composed:
+    one = sql.SQL("(%s, %s::text[], %s)")
+    values = sql.SQL(", ").join([one] * rows)
+    if table == "counters":
+        return sql.SQL(
+            "INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES {} "
+            "ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value"
+        ).format(values)
+    return sql.SQL("INSERT INTO {} (target_id, key, delta) VALUES {}").format(
+        sql.Identifier("pgcounters", table), values
+    )
+
+
+def _flatten(rows: Sequence[tuple[Counter, tuple[str, ...], int]]) -> list[object]:
+    out: list[object] = []
+    for counter, encoded, total in rows:
+        out.extend((counter.id, list(encoded), total))
+    return out

@@ -1,0 +1,69 @@
+"""Where the database is: a DSN from the environment, or the embedded server."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgcounters.errors import ConnectionFailed
+
+DSN_VARIABLES = ("PGCOUNTERS_DSN", "DATABASE_URL")
+DATA_DIR_VARIABLE = "PGCOUNTERS_DATA_DIR"
+DEFAULT_DATA_DIR = "pgcounters-data"
+
+
+def dsn_from_env() -> str | None:
+    """``PGCOUNTERS_DSN``, else ``DATABASE_URL``, else None."""
+    for name in DSN_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def data_dir(explicit: str | None = None) -> Path:
+    """The embedded data directory: explicit, ``PGCOUNTERS_DATA_DIR``, or ./pgcounters-data."""
+    return Path(explicit or os.environ.get(DATA_DIR_VARIABLE) or DEFAULT_DATA_DIR).absolute()
+
+
+def redact(dsn: str) -> str:
+    """``dsn`` with any password hidden, for messages."""
+    dsn = re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn)
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
+
+
+def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+    """Open a connection; a failure becomes :class:`ConnectionFailed` naming the (redacted) DSN."""
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, **kwargs)
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ConnectionFailed(
+            f"could not connect to PostgreSQL at {redact(dsn)!r}: {reason}"
+        ) from exc
+    except psycopg.ProgrammingError as exc:
+        raise ConnectionFailed(f"invalid DSN {redact(dsn)!r}: {exc}") from exc
+
+
+@contextmanager
+def database(
+    dsn: str | None = None, data: str | None = None, *, quiet: bool = False
+) -> Iterator[str]:
+    """Yield a DSN: the one given or configured, else an embedded server's, stopped on exit."""
+    dsn = dsn or dsn_from_env()
+    if dsn:
+        yield dsn
+        return
+    from pgcounters.embedded import running
+
+    folder = data_dir(data)
+    if not quiet:
+        print(f"pgcounters: no PGCOUNTERS_DSN set; using an embedded PostgreSQL in {folder}")
+    with running(folder) as server:
+        yield server.dsn()

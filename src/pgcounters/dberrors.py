@@ -1,0 +1,59 @@
+"""Translating database errors into the pgcounters exception hierarchy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg import errors as pg
+
+from pgcounters import errors
+
+# SQLSTATEs raised by the functions in sql/migrations (class "PC": pgcounters)
+_OWN_CODES: dict[str, type[errors.PgCountersError]] = {
+    "PC001": errors.CounterDefinitionConflict,
+    "PC002": errors.InvalidCounterDefinition,
+    "PC003": errors.UnknownCounter,
+    "PC004": errors.InvalidKey,
+    "PC005": errors.DrainError,
+}
+
+_CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {
+    "targets_name_format": errors.InvalidCounterName,
+    "targets_key_types_known": errors.InvalidCounterDefinition,
+    "targets_mode_known": errors.InvalidCounterDefinition,
+    "targets_column_target_complete": errors.InvalidCounterDefinition,
+}
+
+
+def translate(exc: psycopg.Error) -> errors.PgCountersError | None:
+    """The pgcounters error for a driver error, or None if it is not ours to explain."""
+    diag = exc.diag
+    message = diag.message_primary or str(exc)
+    sqlstate = exc.sqlstate or ""
+    if sqlstate in _OWN_CODES:
+        return _OWN_CODES[sqlstate](message)
+    if isinstance(exc, pg.NumericValueOutOfRange):
+        return errors.CounterOverflow(f"{errors.CounterOverflow.__doc__} ({message})")
+    if isinstance(exc, pg.CheckViolation) and diag.constraint_name in _CONSTRAINTS:
+        return _CONSTRAINTS[diag.constraint_name](message)
+    if isinstance(exc, pg.InvalidSchemaName | pg.UndefinedTable | pg.UndefinedFunction) and (
+        "pgcounters" in message
+    ):
+        return errors.SchemaNotInstalled()
+    if isinstance(exc, pg.UndefinedTable):
+        return errors.InvalidCounterDefinition(message)
+    return None
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Re-raise driver errors that pgcounters can explain as PgCountersError subclasses."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        mapped = translate(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc

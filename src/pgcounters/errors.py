@@ -1,0 +1,75 @@
+"""The exception hierarchy of pgcounters.
+
+Every error the library raises on purpose is a :class:`PgCountersError`. The
+docstring of each class is its default message. Errors caused by the database
+keep the driver's exception as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class PgCountersError(Exception):
+    """pgcounters failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(PgCountersError):
+    """pgcounters is not configured correctly."""
+
+
+class ConnectionFailed(PgCountersError):
+    """Could not connect to PostgreSQL."""
+
+
+class EmbeddedPostgresError(PgCountersError):
+    """The embedded PostgreSQL server could not be started or stopped."""
+
+
+class SchemaError(PgCountersError):
+    """The pgcounters schema is not usable."""
+
+
+class SchemaNotInstalled(SchemaError):
+    """The pgcounters schema is not installed in this database: run `pgcounters install`."""
+
+
+class SchemaVersionMismatch(SchemaError):
+    """The installed pgcounters schema is not the version this code expects."""
+
+
+class CounterError(PgCountersError):
+    """A counter operation was refused."""
+
+
+class InvalidCounterName(CounterError):
+    """Invalid counter name."""
+
+
+class InvalidCounterDefinition(CounterError):
+    """Invalid counter definition."""
+
+
+class CounterDefinitionConflict(CounterError):
+    """A counter with this name already exists with another definition."""
+
+
+class UnknownCounter(CounterError):
+    """No counter with this name is declared."""
+
+
+class InvalidKey(CounterError):
+    """The key does not match the counter's key types."""
+
+
+class InvalidDelta(CounterError):
+    """A delta must be an integer within the range of a PostgreSQL bigint."""
+
+
+class CounterOverflow(CounterError):
+    """A counter value would leave the range of a PostgreSQL bigint."""
+
+
+class DrainError(PgCountersError):
+    """Draining the queue failed."""

@@ -1,0 +1,97 @@
+"""Installing and upgrading the pgcounters schema (the SQL in ``sql/migrations``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from pgcounters import sqlfiles
+from pgcounters.dberrors import translated
+from pgcounters.errors import SchemaNotInstalled, SchemaVersionMismatch
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    installed: int
+    expected: int
+
+    @property
+    def current(self) -> bool:
+        return self.installed == self.expected
+
+
+def installed_version(conn: psycopg.Connection[Any]) -> int:
+    """The installed schema version, 0 when the schema is not installed."""
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(sqlfiles.query("schema_exists"))
+        row = cur.fetchone()
+        if row is None or not row[0]:
+            return 0
+        cur.execute(sqlfiles.query("installed_version"))
+        row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+def state(conn: psycopg.Connection[Any]) -> SchemaState:
+    return SchemaState(installed_version(conn), sqlfiles.latest_version())
+
+
+def check(conn: psycopg.Connection[Any]) -> None:
+    """Raise unless the installed schema is exactly the version this code expects."""
+    current = state(conn)
+    if current.installed == 0:
+        raise SchemaNotInstalled()
+    if current.installed < current.expected:
+        raise SchemaVersionMismatch(
+            f"the pgcounters schema is at version {current.installed}, this code needs "
+            f"{current.expected}: run `pgcounters upgrade`"
+        )
+    if current.installed > current.expected:
+        raise SchemaVersionMismatch(
+            f"the pgcounters schema is at version {current.installed}, newer than this code "
+            f"({current.expected}): upgrade the pgcounters package"
+        )
+
+
+def _apply(conn: psycopg.Connection[Any], *, only_if_fresh: bool) -> list[int]:
+    """Apply missing migrations in one transaction under an advisory lock."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise psycopg.ProgrammingError("install/upgrade must run outside a transaction")
+    applied: list[int] = []
+    with translated(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(sqlfiles.query("install_lock"))
+        version = installed_version(conn)
+        if only_if_fresh and version > 0:
+            return applied
+        if version > sqlfiles.latest_version():
+            raise SchemaVersionMismatch(
+                f"the pgcounters schema is at version {version}, newer than this code "
+                f"({sqlfiles.latest_version()}): upgrade the pgcounters package"
+            )
+        for migration in sqlfiles.migrations():
+            if migration.version <= version:
+                continue
+            cur.execute(migration.sql.encode())
+            cur.execute(
+                sqlfiles.query("record_migration"),
+                {"version": migration.version, "name": migration.name},
+            )
+            applied.append(migration.version)
+    return applied
+
+
+def install(conn: psycopg.Connection[Any]) -> list[int]:
+    """Install the schema if it is absent (idempotent). Returns the versions applied.
+
+    An existing older schema is left alone: that is what :func:`upgrade` is for,
+    and :func:`check` reports it.
+    """
+    return _apply(conn, only_if_fresh=True)
+
+
+def upgrade(conn: psycopg.Connection[Any]) -> list[int]:
+    """Apply every migration newer than the installed version. Returns the versions applied."""
+    return _apply(conn, only_if_fresh=False)

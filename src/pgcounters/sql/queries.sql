@@ -1,0 +1,114 @@
+-- Named queries of the Python client. Each block starts with "-- name: NAME".
+-- Blocks with {placeholders} are composed with psycopg.sql (identifiers only);
+-- values are always bound parameters.
+
+-- name: installed_version
+SELECT coalesce(max(version), 0) FROM pgcounters.migrations;
+
+-- name: schema_exists
+SELECT to_regclass('pgcounters.migrations') IS NOT NULL;
+
+-- name: record_migration
+INSERT INTO pgcounters.migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: install_lock
+SELECT pg_advisory_xact_lock(hashtext('pgcounters.install'));
+
+-- name: create_counter
+SELECT pgcounters.create_counter(%(name)s, %(key_types)s::text[], %(mode)s);
+
+-- name: create_column_counter
+SELECT pgcounters.create_column_counter(
+    %(name)s, %(table)s::regclass, %(column)s, %(key_column)s, %(mode)s);
+
+-- name: drop_counter
+SELECT pgcounters.drop_counter(%(name)s);
+
+-- name: target_by_name
+SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
+  FROM pgcounters.targets
+ WHERE name = %(name)s;
+
+-- name: list_targets
+SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
+  FROM pgcounters.targets
+ ORDER BY name;
+
+-- name: enqueue
+INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s, %s);
+
+-- name: enqueue_unlogged
+INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (%s, %s, %s);
+
+-- name: direct_named
+INSERT INTO pgcounters.counters AS c (target_id, key, value)
+VALUES (%s, %s, %s)
+ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
+RETURNING c.value;
+
+-- name: direct_column
+UPDATE {table} AS x SET {column} = coalesce(x.{column}, 0) + %s
+ WHERE x.{key_column} = %s
+RETURNING x.{column};
+
+-- name: exact_named
+SELECT (coalesce((SELECT value FROM pgcounters.counters
+                   WHERE target_id = %(t)s AND key = %(k)s), 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue
+                   WHERE target_id = %(t)s AND key = %(k)s), 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
+                   WHERE target_id = %(t)s AND key = %(k)s), 0))::bigint;
+
+-- name: stored_named
+SELECT coalesce((SELECT value FROM pgcounters.counters
+                  WHERE target_id = %(t)s AND key = %(k)s), 0);
+
+-- name: exact_column
+SELECT (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue
+                   WHERE target_id = %(t)s AND key = %(k)s), 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
+                   WHERE target_id = %(t)s AND key = %(k)s), 0))::bigint;
+
+-- name: stored_column
+SELECT coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
+
+-- name: exact_named_many
+SELECT w.ord,
+       (coalesce(c.value, 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue q
+                   WHERE q.target_id = %(t)s AND q.key = w.key), 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged q
+                   WHERE q.target_id = %(t)s AND q.key = w.key), 0))::bigint
+  FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
+ CROSS JOIN LATERAL (
+       SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
+                            ORDER BY i) AS key) AS w
+  LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
+
+-- name: stored_named_many
+SELECT w.ord, coalesce(c.value, 0)
+  FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
+ CROSS JOIN LATERAL (
+       SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
+                            ORDER BY i) AS key) AS w
+  LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
+
+-- name: top_named
+SELECT key, value
+  FROM pgcounters.counters
+ WHERE target_id = %(t)s
+ ORDER BY value DESC, key
+ LIMIT %(n)s;
+
+-- name: top_column
+SELECT x.{key_column}::text, x.{column}
+  FROM {table} AS x
+ ORDER BY x.{column} DESC NULLS LAST, x.{key_column}
+ LIMIT %(n)s;
+
+-- name: drain_batch
+SELECT deltas, keys FROM pgcounters.drain_batch(%(limit)s, %(unlogged)s);
+
+-- name: pending_counts
+SELECT (SELECT count(*) FROM pgcounters.queue), (SELECT count(*) FROM pgcounters.queue_unlogged);

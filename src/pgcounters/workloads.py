@@ -1,0 +1,293 @@
+"""The seed's hot-counter workloads, run with the naive technique and with pgcounters.
+
+Seed 004 (depesz): 10 concurrent writers, each doing 1000 increments of 10
+counters in random order, each increment its own transaction. Variants:
+
+* ``update``: ``UPDATE counters SET value = value + 1`` (the naive way)
+* ``raw-queue`` / ``raw-unlogged`` / ``raw-batched``: the seed's hand-written
+  queue INSERTs (logged, UNLOGGED, 10 rows per INSERT), with the seed's index
+  on the counter name so that exact reads stay fast
+* ``pgcounters-queued`` / ``-unlogged`` / ``-batched`` / ``-direct``: the same
+  through :class:`pgcounters.Counters`
+
+The "in real transactions" workload makes each transaction increment 1-3
+counters in random order and then do ~20 ms of other work before committing,
+which is where row locks on hot counters hurt (and deadlock).
+
+Both the demo and the benchmark suite run these; every run checks every total.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgcounters import sqlfiles
+from pgcounters.client import Counters, Mode
+from pgcounters.config import connect
+from pgcounters.schema import install
+
+Plan = list[list[list[int]]]  # writer -> transaction -> counter indexes
+Op = Callable[[psycopg.Connection[Any], Counters, Sequence[int]], None]
+
+
+@dataclass
+class RunResult:
+    variant: str
+    seconds: float
+    increments: int
+    transactions: int
+    deadlocks: int = 0
+    lock_wait_samples: int = 0
+    exact: bool = False
+    totals: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.increments / self.seconds if self.seconds else 0.0
+
+
+def make_plan(
+    writers: int = 10,
+    per_writer: int = 1000,
+    counters: int = 10,
+    *,
+    per_transaction: tuple[int, int] = (1, 1),
+    seed: int = 4,
+) -> Plan:
+    """Random counter choices, the same for every variant of one run."""
+    rng = random.Random(seed)
+    plan: Plan = []
+    for _ in range(writers):
+        txns: list[list[int]] = []
+        left = per_writer
+        while left > 0:
+            n = min(left, rng.randint(*per_transaction))
+            txns.append([rng.randrange(counters) for _ in range(n)])
+            left -= n
+        plan.append(txns)
+    return plan
+
+
+def expected_totals(plan: Plan) -> dict[int, int]:
+    tally: Tally[int] = Tally()
+    for writer in plan:
+        for txn in writer:
+            tally.update(txn)
+    return dict(tally)
+
+
+# -- the naive and raw techniques ---------------------------------------------
+
+
+def prepare(dsn: str, counters: int) -> None:
+    """Create the seed's tables and pgcounters' counters for a run (idempotent)."""
+    with connect(dsn) as conn:
+        install(conn)
+        conn.execute(sqlfiles.read("seed_workload.sql").encode())
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO seed_counters (counter_name) VALUES (%s)",
+                [(str(i),) for i in range(counters)],
+            )
+        pc = Counters(conn)
+        for mode in ("queued", "unlogged", "direct"):
+            pc.drop_counter(f"bench.{mode}")
+            pc.create_counter(f"bench.{mode}", key=int, mode=mode)
+
+
+def _update(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    for i in items:
+        conn.execute(
+            "UPDATE seed_counters SET current_value = current_value + 1 WHERE counter_name = %s",
+            (str(i),),
+        )
+
+
+def _raw_insert(table: str) -> Op:
+    stmt = sql.SQL("INSERT INTO {} (counter_name, value_change) VALUES (%s, 1)").format(
+        sql.Identifier(table)
+    )
+
+    def op(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+        for i in items:
+            conn.execute(stmt, (str(i),))
+
+    return op
+
+
+def _raw_batched(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    values = sql.SQL(", ").join([sql.SQL("(%s, 1)")] * len(items))
+    conn.execute(
+        sql.SQL("INSERT INTO seed_queue (counter_name, value_change) VALUES {}").format(values),
+        [str(i) for i in items],
+    )
+
+
+def _pgc(mode: Mode) -> Op:
+    name = f"bench.{mode}"
+
+    def op(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+        for i in items:
+            pc.incr(name, i)
+
+    return op
+
+
+def _pgc_batched(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    pc.incr_many([("bench.queued", i, 1) for i in items])
+
+
+VARIANTS: dict[str, tuple[Op, str]] = {
+    # name: (operation, how totals are read)
+    "update": (_update, "seed_counters"),
+    "raw-queue": (_raw_insert("seed_queue"), "seed_queue"),
+    "raw-unlogged": (_raw_insert("seed_queue_unlogged"), "seed_queue_unlogged"),
+    "raw-batched": (_raw_batched, "seed_queue"),
+    "pgcounters-queued": (_pgc("queued"), "bench.queued"),
+    "pgcounters-unlogged": (_pgc("unlogged"), "bench.unlogged"),
+    "pgcounters-batched": (_pgc_batched, "bench.queued"),
+    "pgcounters-direct": (_pgc("direct"), "bench.direct"),
+}
+BATCHED = {"raw-batched", "pgcounters-batched"}
+
+
+def _reset(conn: psycopg.Connection[Any], pc: Counters) -> None:
+    conn.execute("UPDATE seed_counters SET current_value = 0")
+    conn.execute("TRUNCATE seed_queue, seed_queue_unlogged")
+    for mode in ("queued", "unlogged", "direct"):
+        pc.drop_counter(f"bench.{mode}")
+        pc.create_counter(f"bench.{mode}", key=int, mode=mode)
+    conn.execute("VACUUM ANALYZE seed_counters")
+
+
+def _totals(
+    conn: psycopg.Connection[Any], pc: Counters, source: str, counters: int
+) -> dict[int, int]:
+    if source == "seed_counters":
+        rows = conn.execute("SELECT counter_name, current_value FROM seed_counters").fetchall()
+        return {int(k): int(v) for k, v in rows if v}
+    if source.startswith("seed_queue"):
+        # the seed's exact read: stored + pending, here all pending
+        rows = conn.execute(
+            sql.SQL("SELECT counter_name, sum(value_change) FROM {} GROUP BY 1").format(
+                sql.Identifier(source)
+            )
+        ).fetchall()
+        return {int(k): int(v) for k, v in rows}
+    pc.drain()
+    values = pc.get_many(source, range(counters))
+    return {i: v for i, v in enumerate(values) if v}
+
+
+class _LockSampler(threading.Thread):
+    """Counts samples in which some backend waits for a row lock (pg_locks not granted)."""
+
+    def __init__(self, dsn: str, interval: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.interval = dsn, interval
+        self.samples = self.waiting = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        with connect(self.dsn) as conn:
+            while not self._stop_event.is_set():
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+                ).fetchone()
+                self.samples += 1
+                if row and row[0]:
+                    self.waiting += 1
+                time.sleep(self.interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+def run_variant(
+    dsn: str,
+    variant: str,
+    plan: Plan,
+    *,
+    work_seconds: float = 0.0,
+    counters: int = 10,
+    sample_locks: bool = False,
+) -> RunResult:
+    """Run one variant: one thread and connection per writer; check every total."""
+    op, source = VARIANTS[variant]
+    with connect(dsn) as admin:
+        admin_pc = Counters(admin)
+        _reset(admin, admin_pc)
+    # batched variants send each writer's increments 10 per statement
+    if variant in BATCHED:
+        flat = [[i for txn in writer for i in txn] for writer in plan]
+        plan = [[items[i : i + 10] for i in range(0, len(items), 10)] for items in flat]
+    conns = [connect(dsn, autocommit=True) for _ in plan]
+    clients = [Counters(c) for c in conns]
+    for pc in clients:  # warm the declaration cache, as a long-lived process would have it
+        pc.counter("bench.queued")
+        pc.counter("bench.unlogged")
+        pc.counter("bench.direct")
+    deadlocks = [0] * len(plan)
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(plan) + 1)
+
+    def writer(idx: int) -> None:
+        conn, pc = conns[idx], clients[idx]
+        try:
+            start.wait()
+            for txn in plan[idx]:
+                while True:
+                    try:
+                        if work_seconds or (len(txn) > 1 and variant not in BATCHED):
+                            with conn.transaction():
+                                op(conn, pc, txn)
+                                if work_seconds:
+                                    time.sleep(work_seconds)
+                        else:
+                            op(conn, pc, txn)
+                        break
+                    except psycopg.errors.DeadlockDetected:
+                        deadlocks[idx] += 1  # the transaction rolled back: do it again
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(len(plan))]
+    for t in threads:
+        t.start()
+    sampler = _LockSampler(dsn) if sample_locks else None
+    if sampler:
+        sampler.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if sampler:
+        sampler.stop()
+    for c in conns:
+        c.close()
+    if errors:
+        raise errors[0]
+    with connect(dsn) as admin:
+        totals = _totals(admin, Counters(admin), source, counters)
+    expected = expected_totals(plan)
+    return RunResult(
+        variant=variant,
+        seconds=seconds,
+        increments=sum(expected.values()),
+        transactions=sum(len(w) for w in plan),
+        deadlocks=sum(deadlocks),
+        lock_wait_samples=sampler.waiting if sampler else 0,
+        exact=totals == expected,
+        totals=totals,
+    )
