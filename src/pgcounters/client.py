@@ -244,7 +244,9 @@ class Counters:
             counter = self.counter(name)
             encoded = tuple(encode_key(key, counter.key_types, name))
             netted[(counter, encoded)] += check_delta(delta)
-        by_kind: dict[Mode | Literal["direct_column"], list[tuple[Counter, tuple[str, ...], int]]] = defaultdict(list)
+        by_kind: dict[
+            Mode | Literal["direct_column"], list[tuple[Counter, tuple[str, ...], int]]
+        ] = defaultdict(list)
         for (counter, encoded), total in sorted(
             netted.items(), key=lambda kv: (kv[0][0].id, kv[0][1])
         ):

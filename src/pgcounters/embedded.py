@@ -161,6 +161,8 @@ class EmbeddedPostgres:
                 cmd,
                 env=self._env(),
                 user=self._as_user,
+                group=self._as_user,
+                extra_groups=[] if self._as_user else None,
                 cwd=self.data_dir.parent,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,

@@ -15,7 +15,7 @@ from pgcounters.errors import SchemaNotInstalled, SchemaVersionMismatch
 
 @dataclass(frozen=True)
 class SchemaState:
-    installed: int
+    installed: int | None
     expected: int
 
     @property
@@ -23,16 +23,16 @@ class SchemaState:
         return self.installed == self.expected
 
 
-def installed_version(conn: psycopg.Connection[Any]) -> int:
-    """The installed schema version, 0 when the schema is not installed."""
+def installed_version(conn: psycopg.Connection[Any]) -> int | None:
+    """The installed schema version, None when the schema is not installed."""
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sqlfiles.query("schema_exists"))
         row = cur.fetchone()
         if row is None or not row[0]:
-            return 0
+            return None
         cur.execute(sqlfiles.query("installed_version"))
         row = cur.fetchone()
-        return int(row[0]) if row else 0
+        return int(row[0]) if row else None
 
 
 def state(conn: psycopg.Connection[Any]) -> SchemaState:
@@ -42,7 +42,7 @@ def state(conn: psycopg.Connection[Any]) -> SchemaState:
 def check(conn: psycopg.Connection[Any]) -> None:
     """Raise unless the installed schema is exactly the version this code expects."""
     current = state(conn)
-    if current.installed == 0:
+    if current.installed is None:
         raise SchemaNotInstalled()
     if current.installed < current.expected:
         raise SchemaVersionMismatch(
@@ -63,9 +63,10 @@ def _apply(conn: psycopg.Connection[Any], *, only_if_fresh: bool) -> list[int]:
     applied: list[int] = []
     with translated(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sqlfiles.query("install_lock"))
-        version = installed_version(conn)
-        if only_if_fresh and version > 0:
+        found = installed_version(conn)
+        if only_if_fresh and found is not None:
             return applied
+        version = -1 if found is None else found
         if version > sqlfiles.latest_version():
             raise SchemaVersionMismatch(
                 f"the pgcounters schema is at version {version}, newer than this code "

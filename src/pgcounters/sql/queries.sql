@@ -3,7 +3,7 @@
 -- values are always bound parameters.
 
 -- name: installed_version
-SELECT coalesce(max(version), 0) FROM pgcounters.migrations;
+SELECT max(version) FROM pgcounters.migrations;
 
 -- name: schema_exists
 SELECT to_regclass('pgcounters.migrations') IS NOT NULL;

@@ -1,0 +1,3 @@
+from pgcounters.cli import main
+
+main()

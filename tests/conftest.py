@@ -1,0 +1,106 @@
+"""Test fixtures: a real PostgreSQL and a fresh database per test.
+
+The session starts an embedded PostgreSQL (unless PGCOUNTERS_TEST_DSN names a
+server to use instead), builds a template database with the pgcounters schema
+installed, and gives each test its own database cloned from that template.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgcounters import Counters
+from pgcounters.embedded import FAST_SETTINGS, EmbeddedPostgres
+from pgcounters.schema import install
+
+TEMPLATE = "pgcounters_test_template"
+
+
+def _with_db(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> Iterator[str]:
+    """A DSN of a PostgreSQL server on which the tests may create databases."""
+    configured = os.environ.get("PGCOUNTERS_TEST_DSN")
+    if configured:
+        yield configured
+        return
+    folder = Path(tempfile.mkdtemp(prefix="pgcounters-test-")) / "data"
+    server = EmbeddedPostgres(folder, settings=FAST_SETTINGS)
+    server.start()
+    try:
+        yield server.dsn()
+    finally:
+        server.stop()
+
+
+def _create_db(server_dsn: str, name: str, template: str) -> None:
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
+
+
+def _drop_db(server_dsn: str, name: str) -> None:
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture(scope="session")
+def template_db(server_dsn: str) -> Iterator[str]:
+    _drop_db(server_dsn, TEMPLATE)
+    _create_db(server_dsn, TEMPLATE, "template0")
+    with psycopg.connect(_with_db(server_dsn, TEMPLATE), autocommit=True) as conn:
+        install(conn)
+    yield TEMPLATE
+    _drop_db(server_dsn, TEMPLATE)
+
+
+def _fresh(server_dsn: str, template: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    _create_db(server_dsn, name, template)
+    try:
+        yield _with_db(server_dsn, name)
+    finally:
+        _drop_db(server_dsn, name)
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh database with the pgcounters schema installed."""
+    yield from _fresh(server_dsn, template_db)
+
+
+@pytest.fixture
+def empty_dsn(server_dsn: str) -> Iterator[str]:
+    """A fresh database without the pgcounters schema."""
+    yield from _fresh(server_dsn, "template0")
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def pc(conn: psycopg.Connection[Any]) -> Counters:
+    return Counters(conn)

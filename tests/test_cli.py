@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import pytest
+
+from pgcounters import cli
+
+
+def run(capsys: pytest.CaptureFixture[str], dsn: str, *args: str) -> tuple[int, str, str]:
+    code = cli.run(["--dsn", dsn, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_commands_end_to_end(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, dsn, "install")[1].startswith("the pgcounters schema is already installed")
+    assert run(capsys, dsn, "version")[0] == 0
+    assert run(capsys, dsn, "create", "views", "--key", "bigint", "--key", "date")[0] == 0
+    assert run(capsys, dsn, "create", "total")[0] == 0
+    assert run(capsys, dsn, "create", "bal", "--key", "text", "--mode", "direct")[0] == 0
+    assert run(capsys, dsn, "incr", "views", "7,2026-11-21", "--delta", "3")[0] == 0
+    assert run(capsys, dsn, "incr", "total")[0] == 0
+    assert run(capsys, dsn, "incr", "bal", "alice", "--delta", "5")[1].strip() == "5"
+    assert run(capsys, dsn, "get", "views", "7,2026-11-21")[1].strip() == "3"
+    assert run(capsys, dsn, "get", "views", "7,2026-11-21", "--stored")[1].strip() == "0"
+    code, out, _ = run(capsys, dsn, "drain")
+    assert code == 0
+    assert out.startswith("applied 2 deltas to 2 keys")
+    assert run(capsys, dsn, "top", "views")[1] == "7,2026-11-21\t3\n"
+    assert "views" in run(capsys, dsn, "list")[1]
+    assert run(capsys, dsn, "drop", "views")[0] == 0
+    assert run(capsys, dsn, "drop", "views")[0] == 1
+
+
+def test_drain_with_a_bound_reports_what_is_left(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(capsys, dsn, "create", "c", "--key", "bigint")
+    for k in range(5):
+        run(capsys, dsn, "incr", "c", str(k))
+    code, out, _ = run(capsys, dsn, "drain", "--batch-size", "2", "--max-batches", "1")
+    assert code == cli.EXIT_MORE
+    assert "3 still queued" in out
+    assert run(capsys, dsn, "drain", "--max-batches", "10")[0] == 0
+
+
+def test_errors_are_one_line_and_exit_1(
+    dsn: str, empty_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, dsn, "incr", "missing")
+    assert code == 1
+    assert "no counter named 'missing'" in err
+    code, _, err = run(capsys, dsn, "create", "x", "--key", "bigint")
+    code, _, err = run(capsys, dsn, "incr", "x", "abc")
+    assert (code, "not a valid bigint" in err) == (1, True)
+    code, _, err = run(capsys, empty_dsn, "get", "x")
+    assert (code, "pgcounters install" in err) == (1, True)
+    code, _, err = run(capsys, "host=127.0.0.1 port=1 connect_timeout=2", "version")
+    assert (code, "could not connect" in err) == (1, True)
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.run(["create"])
+    assert info.value.code == 2

@@ -1,0 +1,188 @@
+"""Bad input gets a clear error from the PgCountersError hierarchy and leaves no partial state."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcounters import (
+    ConnectionFailed,
+    CounterDefinitionConflict,
+    CounterOverflow,
+    Counters,
+    DrainError,
+    InvalidCounterDefinition,
+    InvalidCounterName,
+    InvalidDelta,
+    InvalidKey,
+    PgCountersError,
+    UnknownCounter,
+)
+from pgcounters.config import connect
+
+BIG = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    "name", ["", "1abc", "has space", "semi;colon", "quote'", "x" * 201, "é", None, 42]
+)
+def test_invalid_counter_names(pc: Counters, name: Any) -> None:
+    with pytest.raises(InvalidCounterName):
+        pc.create_counter(name)
+    with pytest.raises(InvalidCounterName):
+        pc.incr(name)
+    assert pc.counters() == []
+
+
+def test_the_database_enforces_names_too(conn: psycopg.Connection[Any], pc: Counters) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("SELECT pgcounters.create_counter('bad name')")
+    assert pc.counters() == []
+
+
+@pytest.mark.parametrize(
+    ("key_types", "key"),
+    [
+        (int, "42"),
+        (int, True),
+        (int, 4.0),
+        (int, 2**63),
+        (int, None),
+        ("uuid", "not-a-uuid"),
+        ("uuid", 12),
+        (dt.date, "2026-01-01"),
+        (dt.date, dt.datetime(2026, 1, 1)),
+        (str, 5),
+        (str, "nul\x00byte"),
+        (str, "x" * 1001),
+        ((int, dt.date), 5),
+        ((int, dt.date), (5,)),
+        ((int, dt.date), (5, dt.date.today(), 1)),
+        (None, 5),
+    ],
+)
+def test_keys_of_the_wrong_type(pc: Counters, key_types: Any, key: Any) -> None:
+    pc.create_counter("c", key_types)
+    with pytest.raises(InvalidKey):
+        pc.incr("c", key)
+    with pytest.raises(InvalidKey):
+        pc.get("c", key)
+    assert pc.pending() == (0, 0)
+
+
+def test_unknown_key_type_in_a_declaration(pc: Counters) -> None:
+    with pytest.raises(InvalidKey, match="unknown key type"):
+        pc.create_counter("c", float)
+    with pytest.raises(InvalidKey):
+        pc.create_counter("c", tuple([int] * 9))
+    assert pc.counters() == []
+
+
+@pytest.mark.parametrize("delta", [2**63, -(2**63) - 1, 1.5, "1", True, None])
+def test_invalid_deltas(pc: Counters, delta: Any) -> None:
+    pc.create_counter("c", int)
+    with pytest.raises(InvalidDelta):
+        pc.incr("c", 1, delta)
+    with pytest.raises(InvalidDelta):
+        pc.incr_many([("c", 1, 1), ("c", 2, delta)])
+    assert pc.pending() == (0, 0)
+
+
+def test_incr_many_whose_sum_overflows_writes_nothing(pc: Counters) -> None:
+    pc.create_counter("c", int)
+    with pytest.raises(InvalidDelta):
+        pc.incr_many([("c", 1, BIG), ("c", 1, 1)])
+    assert pc.pending() == (0, 0)
+
+
+def test_incr_many_with_one_bad_item_writes_nothing(pc: Counters) -> None:
+    pc.create_counter("c", int)
+    with pytest.raises(InvalidKey):
+        pc.incr_many([("c", 1, 1), ("c", "two", 1)])
+    with pytest.raises(UnknownCounter):
+        pc.incr_many([("c", 1, 1), ("nope", 1, 1)])
+    assert pc.pending() == (0, 0)
+
+
+def test_overflow_in_a_direct_counter(pc: Counters) -> None:
+    pc.create_counter("d", int, mode="direct")
+    pc.incr("d", 1, BIG)
+    with pytest.raises(CounterOverflow):
+        pc.incr("d", 1, 1)
+    assert pc.get("d", 1) == BIG
+
+
+def test_overflow_when_draining_keeps_the_deltas_queued(pc: Counters) -> None:
+    pc.create_counter("q", int)
+    pc.incr("q", 1, BIG)
+    pc.drain()
+    pc.incr("q", 1, 1)
+    pc.incr("q", 2, 1)
+    with pytest.raises(CounterOverflow):
+        pc.drain()
+    # the failed batch rolled back whole: nothing applied, nothing lost
+    assert pc.pending() == (2, 0)
+    assert pc.get("q", 1, exact=False) == BIG
+    assert pc.get("q", 2, exact=False) == 0
+    with pytest.raises(CounterOverflow):
+        pc.get("q", 1)  # the exact value is not a bigint either
+
+
+def test_unknown_counter(pc: Counters) -> None:
+    with pytest.raises(UnknownCounter, match="nope"):
+        pc.incr("nope")
+    with pytest.raises(UnknownCounter):
+        pc.get("nope")
+
+
+def test_conflicting_definitions(pc: Counters) -> None:
+    pc.create_counter("c", int)
+    with pytest.raises(CounterDefinitionConflict):
+        pc.create_counter("c", str)
+    with pytest.raises(CounterDefinitionConflict):
+        pc.create_counter("c", int, mode="direct")
+    assert [(c.name, c.key_types, c.mode) for c in pc.counters()] == [("c", ("bigint",), "queued")]
+
+
+def test_bad_modes_and_column_targets(pc: Counters, conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidCounterDefinition):
+        pc.create_counter("c", int, mode="fast")  # type: ignore[arg-type]
+    with pytest.raises(InvalidCounterDefinition):
+        pc.create_column_counter("c", "no_such_table", "n")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, n int, label text)")
+    with pytest.raises(InvalidCounterDefinition, match="does not exist"):
+        pc.create_column_counter("c", "t", "missing")
+    with pytest.raises(InvalidCounterDefinition, match="integer type"):
+        pc.create_column_counter("c", "t", "label")
+    with pytest.raises(InvalidCounterDefinition, match="key column"):
+        pc.create_column_counter("c", "t", "n", key_column="nope")
+    assert pc.counters() == []
+
+
+def test_a_dsn_that_does_not_connect() -> None:
+    with pytest.raises(ConnectionFailed, match=r"\*\*\*") as info:
+        connect("host=127.0.0.1 port=1 user=x password=secret dbname=x connect_timeout=2")
+    assert "secret" not in str(info.value)
+    with pytest.raises(ConnectionFailed):
+        connect("this is not a dsn")
+
+
+def test_drain_inside_a_transaction_is_refused(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        pc = Counters(conn)
+        pc.create_counter("c")
+        pc.incr("c")
+        with pytest.raises(DrainError, match="outside a transaction"):
+            pc.drain()
+        conn.rollback()
+        with pytest.raises(DrainError, match="positive"):
+            pc.drain(0)
+
+
+def test_every_error_is_a_pgcounters_error() -> None:
+    for cls in (ConnectionFailed, CounterOverflow, InvalidKey, UnknownCounter, DrainError):
+        assert issubclass(cls, PgCountersError)
+        assert str(cls())  # the docstring is the default message

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcounters import (
+    Counters,
+    SchemaNotInstalled,
+    SchemaVersionMismatch,
+    install,
+    schema,
+    sqlfiles,
+    upgrade,
+)
+
+
+def test_install_is_idempotent_and_records_the_version(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert schema.installed_version(conn) is None
+        assert install(conn) == [m.version for m in sqlfiles.migrations()]
+        assert install(conn) == []
+        assert upgrade(conn) == []
+        assert schema.state(conn).current
+        rows = conn.execute("SELECT version, name FROM pgcounters.migrations").fetchall()
+        assert rows == [(1, "initial")]
+
+
+def test_concurrent_installs_apply_once(empty_dsn: str) -> None:
+    results: list[list[int]] = []
+
+    def run() -> None:
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            results.append(install(conn))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results, key=len) == [[], [], [], [1]]
+
+
+def test_client_on_a_database_without_the_schema(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        pc = Counters(conn)
+        with pytest.raises(SchemaNotInstalled, match="pgcounters install"):
+            pc.incr("anything")
+        with pytest.raises(SchemaNotInstalled):
+            pc.create_counter("anything")
+        # nothing was created on the way
+        row = conn.execute("SELECT to_regnamespace('pgcounters')").fetchone()
+        assert row == (None,)
+
+
+def test_a_newer_schema_than_the_code_is_refused(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("INSERT INTO pgcounters.migrations (version, name) VALUES (999, 'future')")
+    with pytest.raises(SchemaVersionMismatch, match="newer than this code"):
+        Counters(conn).incr("x")
+    with pytest.raises(SchemaVersionMismatch):
+        upgrade(conn)
+
+
+def test_an_older_schema_asks_for_upgrade(conn: psycopg.Connection[Any]) -> None:
+    # pretend the latest migration was never recorded
+    conn.execute("DELETE FROM pgcounters.migrations")
+    conn.execute("INSERT INTO pgcounters.migrations (version, name) VALUES (0, 'older')")
+    with pytest.raises(SchemaVersionMismatch, match="pgcounters upgrade"):
+        schema.check(conn)
+
+
+def test_migrations_are_numbered_without_gaps() -> None:
+    versions = [m.version for m in sqlfiles.migrations()]
+    assert versions == list(range(1, len(versions) + 1))
+    assert sqlfiles.latest_version() == versions[-1]
+
+
+def test_every_named_query_is_loaded() -> None:
+    names = sqlfiles.queries()
+    for name in ("enqueue", "exact_named", "drain_batch", "top_named", "direct_column"):
+        assert name in names
+        assert names[name].strip()
