@@ -36,3 +36,6 @@ pytest: $(STAMP)
 
 clean:
 	rm -rf $(VENV) pgcounters-data .mypy_cache .ruff_cache .pytest_cache
+
+bench: $(STAMP)
+	$(BIN)/pgcounters bench $(BENCH_ARGS)

@@ -17,7 +17,7 @@ from typing import Any
 from pgcounters import __version__, demo, schema
 from pgcounters.client import MODES, Counters
 from pgcounters.config import connect, database
-from pgcounters.errors import InvalidKey, PgCountersError
+from pgcounters.errors import ConfigurationError, InvalidKey, PgCountersError
 from pgcounters.keys import KeyType
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MORE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -168,6 +168,17 @@ def _cmd_demo(args: argparse.Namespace, dsn: str) -> int:
     return demo.main(dsn)
 
 
+def _cmd_bench(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters import bench
+
+    unknown = sorted(set(args.scenario) - set(bench.SCENARIOS))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown scenario {', '.join(unknown)}; choose from {', '.join(bench.SCENARIOS)}"
+        )
+    return bench.main(dsn, args.scenario, repeat=args.repeat, quick=args.quick, as_json=args.json)
+
+
 def _cmd_server(args: argparse.Namespace, dsn: str) -> int:
     print(f"PGCOUNTERS_DSN='{dsn}'")
     print("serving; press Ctrl-C to stop", flush=True)
@@ -236,6 +247,17 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, help="stop starting batches after this many seconds")
 
     add("demo", _cmd_demo, "run the seed's hot-counter workload, naive vs pgcounters")
+    p = add("bench", _cmd_bench, "measure pgcounters against the seed's techniques, side by side")
+    p.add_argument(
+        "scenario",
+        nargs="*",
+        choices=["hot-counters", "hot-counters-txn", []],
+        help="scenarios to run (default: all)",
+    )
+    p.add_argument("--repeat", type=int, default=3, help="runs of each variant (median reported)")
+    p.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     add("server", _cmd_server, "run the embedded PostgreSQL until Ctrl-C and print its DSN")
     return parser
 
@@ -244,7 +266,9 @@ def run(argv: Sequence[str] | None = None, *, prog: str = "pgcounters") -> int:
     args = build_parser(prog).parse_args(argv)
     handler: Handler = args.handler
     try:
-        with database(args.dsn, args.data_dir, quiet=args.command not in ("demo", "server")) as dsn:
+        with database(
+            args.dsn, args.data_dir, quiet=args.command not in ("demo", "server", "bench")
+        ) as dsn:
             return handler(args, dsn)
     except PgCountersError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
