@@ -5,6 +5,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 from pgcounters import Counters
 
@@ -122,6 +123,16 @@ def test_rollback_leaves_no_delta(dsn: str) -> None:
         assert pc.pending() == (0, 0)
 
 
+def test_incr_many_joins_the_callers_transaction(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        pc = Counters(conn)
+        pc.create_counter("j", int)
+        conn.commit()
+        pc.incr_many([("j", 1, 1), ("j", 2, 1)])  # first statement of a new transaction
+        conn.rollback()
+        assert pc.get_many("j", [1, 2]) == [0, 0]
+
+
 def test_uncommitted_deltas_are_invisible_to_others(dsn: str) -> None:
     with psycopg.connect(dsn) as writer, psycopg.connect(dsn, autocommit=True) as reader:
         Counters(reader).create_counter("c", int)
@@ -182,3 +193,15 @@ def test_sql_functions_for_plain_sql_users(pc: Counters, conn: psycopg.Connectio
     assert conn.execute("SELECT pgcounters.get('s', ARRAY['5'])").fetchone() == (2,)
     assert conn.execute("SELECT * FROM pgcounters.drain_batch(100)").fetchone() == (1, 1)
     assert pc.get("s", 5, exact=False) == 2
+
+
+@pytest.mark.parametrize(
+    "text", ['"', "\\", '\\"', "{a,b}", "NULL", "", " spaced ", "x'); DROP TABLE t; --", "日本"]
+)
+def test_hostile_text_keys_are_stored_verbatim(pc: Counters, text: str) -> None:
+    pc.create_counter("t", (str, str))
+    pc.incr("t", (text, "other"))
+    pc.incr_many([("t", (text, "other"), 2)])
+    assert pc.get("t", (text, "other")) == 3
+    pc.drain()
+    assert pc.top("t") == [((text, "other"), 3)]

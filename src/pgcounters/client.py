@@ -7,10 +7,12 @@ rolls back leaves nothing behind.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, get_args
 
@@ -217,13 +219,13 @@ class Counters:
         counter = self.counter(name)
         encoded = encode_key(key, counter.key_types, name)
         check_delta(delta)
+        if counter.mode != "direct":
+            # the hot path: one INSERT, the key sent as one array-literal parameter
+            stmt = query("enqueue" if counter.mode == "queued" else "enqueue_unlogged")
+            with translated():
+                self.conn.execute(stmt, (counter.id, array_literal(encoded), delta))
+            return None
         with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            if counter.mode == "queued":
-                cur.execute(query("enqueue"), (counter.id, encoded, delta))
-                return None
-            if counter.mode == "unlogged":
-                cur.execute(query("enqueue_unlogged"), (counter.id, encoded, delta))
-                return None
             if counter.is_column:
                 cur.execute(counter.composed("direct_column"), (delta, encoded[0]))
             else:
@@ -259,7 +261,14 @@ class Counters:
             by_kind[kind].append((counter, encoded, total))
         if not by_kind:
             return 0
-        with translated(), self.conn.transaction(), self.conn.cursor(row_factory=tuple_row) as cur:
+        single = len(by_kind) == 1 and all(
+            k != "direct_column" and len(r) <= _MAX_ROWS_PER_STATEMENT for k, r in by_kind.items()
+        )
+        with (
+            translated(),
+            nullcontext() if single else self._atomic(),
+            self.conn.cursor(row_factory=tuple_row) as cur,
+        ):
             for kind, rows in by_kind.items():
                 if kind == "direct_column":
                     for counter, encoded, total in rows:
@@ -274,6 +283,18 @@ class Counters:
                     chunk = rows[start : start + _MAX_ROWS_PER_STATEMENT]
                     cur.execute(_multi_insert(table, len(chunk)), _flatten(chunk))
         return sum(len(rows) for rows in by_kind.values())
+
+    def _atomic(self) -> AbstractContextManager[object]:
+        """All-or-nothing for several statements, without committing the caller's work.
+
+        In autocommit mode: a transaction of its own. Inside a transaction: a
+        savepoint. On an idle non-autocommit connection: the transaction the
+        first statement opens, which the caller commits or rolls back.
+        """
+        idle = self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if idle and not self.conn.autocommit:
+            return nullcontext()
+        return self.conn.transaction()
 
     # -- reads --------------------------------------------------------------
 
@@ -402,21 +423,31 @@ def _typed_key_value(counter: Counter, text: str) -> object:
     return decode_key([text], counter.key_types)[0]
 
 
-def _multi_insert(table: str, rows: int) -> sql.Composed:
+def array_literal(parts: Sequence[str]) -> str:
+    """A ``text[]`` literal of ``parts``, sent as a parameter value (never pasted into SQL)."""
+    quoted = ('"' + p.replace("\\", "\\\\").replace('"', '\\"') + '"' for p in parts)
+    return "{" + ",".join(quoted) + "}"
+
+
+@functools.lru_cache(maxsize=64)
+def _multi_insert(table: str, rows: int) -> bytes:
     one = sql.SQL("(%s, %s::text[], %s)")
     values = sql.SQL(", ").join([one] * rows)
     if table == "counters":
-        return sql.SQL(
+        statement = sql.SQL(
             "INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES {} "
             "ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value"
         ).format(values)
-    return sql.SQL("INSERT INTO {} (target_id, key, delta) VALUES {}").format(
-        sql.Identifier("pgcounters", table), values
+        return statement.as_bytes(None)
+    return (
+        sql.SQL("INSERT INTO {} (target_id, key, delta) VALUES {}")
+        .format(sql.Identifier("pgcounters", table), values)
+        .as_bytes(None)
     )
 
 
 def _flatten(rows: Sequence[tuple[Counter, tuple[str, ...], int]]) -> list[object]:
     out: list[object] = []
     for counter, encoded, total in rows:
-        out.extend((counter.id, list(encoded), total))
+        out.extend((counter.id, array_literal(encoded), total))
     return out

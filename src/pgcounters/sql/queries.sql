@@ -35,10 +35,10 @@ SELECT id, name, key_types, mode, target_schema, target_table, target_column, ta
  ORDER BY name;
 
 -- name: enqueue
-INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s, %s);
+INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s::text[], %s);
 
 -- name: enqueue_unlogged
-INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (%s, %s, %s);
+INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (%s, %s::text[], %s);
 
 -- name: direct_named
 INSERT INTO pgcounters.counters AS c (target_id, key, value)
