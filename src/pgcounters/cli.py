@@ -152,10 +152,9 @@ def _cmd_top(args: argparse.Namespace, dsn: str) -> int:
 
 def _cmd_drain(args: argparse.Namespace, dsn: str) -> int:
     with connect(dsn) as conn:
-        result = Counters(conn).drain(
-            args.batch_size, max_batches=args.max_batches, time_limit=args.time_limit
-        )
-        logged, unlogged = Counters(conn).pending()
+        pc = Counters(conn)
+        result = pc.drain(args.batch_size, max_batches=args.max_batches, time_limit=args.time_limit)
+        logged, unlogged = pc.pending()
     print(
         f"applied {result.deltas} deltas to {result.keys} keys in {result.batches} batches, "
         f"{result.seconds:.3f}s ({result.rate:,.0f} deltas/s); {logged + unlogged} still queued"

@@ -31,8 +31,7 @@ def queries() -> dict[str, str]:
     out: dict[str, str] = {}
     for match, following in zip(names, [*names[1:], None], strict=True):
         end = following.start() if following else len(text)
-        body = text[match.end() : end].strip()
-        out[match.group(1)] = body.rstrip(";") if body.count(";") == 1 else body
+        out[match.group(1)] = text[match.end() : end].strip().rstrip(";")
     return out
 
 
