@@ -25,7 +25,8 @@ def test_install_is_idempotent_and_records_the_version(empty_dsn: str) -> None:
         assert upgrade(conn) == []
         assert schema.state(conn).current
         rows = conn.execute("SELECT version, name FROM pgcounters.migrations").fetchall()
-        assert rows == [(1, "initial")]
+        assert rows == [(m.version, m.name) for m in sqlfiles.migrations()]
+        assert rows[0] == (1, "initial")
 
 
 def test_concurrent_installs_apply_once(empty_dsn: str) -> None:

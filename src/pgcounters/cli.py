@@ -185,6 +185,12 @@ def _cmd_server(args: argparse.Namespace, dsn: str) -> int:
         time.sleep(3600)
 
 
+def _scenario_names() -> list[str]:
+    from pgcounters.bench import SCENARIOS
+
+    return list(SCENARIOS)
+
+
 def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     """The argument parser of every pgcounters command (also used by the Django command)."""
     parser = argparse.ArgumentParser(
@@ -250,8 +256,8 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     p.add_argument(
         "scenario",
         nargs="*",
-        choices=["hot-counters", "hot-counters-txn", []],
-        help="scenarios to run (default: all)",
+        metavar="SCENARIO",
+        help="scenarios to run (default: all): " + ", ".join(_scenario_names()),
     )
     p.add_argument("--repeat", type=int, default=3, help="runs of each variant (median reported)")
     p.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")

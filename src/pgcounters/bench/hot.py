@@ -1,0 +1,81 @@
+"""Seed 004's hot-counter workload: plain UPDATE, the seed's queues, and pgcounters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pgcounters import workloads
+from pgcounters.bench.report import Comparison, Measurement, Scenario
+
+HOT_COMPARISONS: tuple[Comparison, ...] = (
+    ("raw-queue", "update", None),
+    ("raw-unlogged", "update", None),
+    ("raw-batched", "update", None),
+    ("pgcounters-queued", "raw-queue", 0.9),
+    ("pgcounters-unlogged", "raw-unlogged", 0.9),
+    ("pgcounters-batched", "raw-batched", 0.9),
+    ("pgcounters-batched", "update", 10.0),
+    ("pgcounters-direct", "update", 0.9),
+)
+TXN_COMPARISONS: tuple[Comparison, ...] = (
+    ("pgcounters-queued", "update", 8.0),
+    ("pgcounters-unlogged", "update", None),
+)
+
+
+def _run(
+    dsn: str,
+    scenario: Scenario,
+    variants: Sequence[str],
+    plan: workloads.Plan,
+    repeat: int,
+    *,
+    work_seconds: float = 0.0,
+    sample_locks: bool = False,
+) -> None:
+    workloads.prepare(dsn, 10)
+    for _ in range(repeat):
+        for variant in variants:
+            r = workloads.run_variant(
+                dsn, variant, plan, work_seconds=work_seconds, sample_locks=sample_locks
+            )
+            extra: dict[str, float] = {}
+            if sample_locks:
+                extra = {"deadlocks": float(r.deadlocks), "lock waits": float(r.lock_wait_samples)}
+            scenario.add(variant, Measurement(r.seconds, r.increments, r.exact, extra))
+
+
+def hot_counters(dsn: str, repeat: int, quick: bool) -> Scenario:
+    per_writer = 200 if quick else 1000
+    scenario = Scenario(
+        "hot-counters",
+        f"Seed 004: 10 concurrent writers x {per_writer} increments over 10 counters, "
+        "each increment its own transaction.",
+        unit="increments",
+    )
+    plan = workloads.make_plan(10, per_writer, 10)
+    _run(dsn, scenario, list(workloads.VARIANTS), plan, repeat)
+    scenario.compare(HOT_COMPARISONS)
+    return scenario
+
+
+def hot_counters_txn(dsn: str, repeat: int, quick: bool) -> Scenario:
+    per_writer = 10 if quick else 40
+    scenario = Scenario(
+        "hot-counters-txn",
+        f"10 writers x {per_writer} increments; each transaction increments 1-3 of 10 counters "
+        "in random order, then works 20 ms before COMMIT.",
+        unit="increments",
+    )
+    plan = workloads.make_plan(10, per_writer, 10, per_transaction=(1, 3))
+    _run(
+        dsn,
+        scenario,
+        ["update", "pgcounters-queued", "pgcounters-unlogged"],
+        plan,
+        repeat,
+        work_seconds=0.02,
+        sample_locks=True,
+    )
+    scenario.compare(TXN_COMPARISONS)
+    return scenario

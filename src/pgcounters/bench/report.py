@@ -1,0 +1,121 @@
+"""Measurements, scenarios and their reports (Markdown table and JSON)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+# (variant, baseline it is compared with, target ratio from DESIGN section 4 or None)
+Comparison = tuple[str, str, float | None]
+
+
+@dataclass
+class Measurement:
+    """One run of one variant: how long, how many operations, and whether it was exact."""
+
+    seconds: float
+    operations: int
+    exact: bool = True
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.operations / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class Scenario:
+    """The runs of every variant of a scenario, and its ratios against the seed's technique."""
+
+    name: str
+    description: str
+    unit: str = "operations"
+    runs: dict[str, list[Measurement]] = field(default_factory=dict)
+    comparisons: list[dict[str, object]] = field(default_factory=list)
+
+    def add(self, variant: str, measurement: Measurement) -> None:
+        if not measurement.exact:
+            raise AssertionError(f"{self.name}/{variant}: the result is not exact")
+        self.runs.setdefault(variant, []).append(measurement)
+
+    def median(self, variant: str) -> float:
+        return statistics.median(r.seconds for r in self.runs[variant])
+
+    def compare(self, spec: Sequence[Comparison]) -> None:
+        """Ratios of median times (baseline / variant: higher is better)."""
+        for variant, baseline, target in spec:
+            ratio = self.median(baseline) / self.median(variant)
+            self.comparisons.append(
+                {
+                    "variant": variant,
+                    "baseline": baseline,
+                    "ratio": round(ratio, 3),
+                    "target": target,
+                    "met": None if target is None else ratio >= target,
+                }
+            )
+
+    def _extra_keys(self) -> list[str]:
+        keys: dict[str, None] = {}
+        for runs in self.runs.values():
+            for run in runs:
+                keys.update(dict.fromkeys(run.extra))
+        return list(keys)
+
+    def as_json(self) -> dict[str, object]:
+        extra_keys = self._extra_keys()
+        return {
+            "name": self.name,
+            "description": self.description,
+            "unit": self.unit,
+            "variants": {
+                v: {
+                    "runs": len(runs),
+                    "median_seconds": round(self.median(v), 4),
+                    "min_seconds": round(min(r.seconds for r in runs), 4),
+                    "max_seconds": round(max(r.seconds for r in runs), 4),
+                    self.unit: runs[0].operations,
+                    "per_second": round(runs[0].operations / self.median(v), 1),
+                    "exact": all(r.exact for r in runs),
+                    **{k: sum(r.extra.get(k, 0) for r in runs) for k in extra_keys},
+                }
+                for v, runs in self.runs.items()
+            },
+            "comparisons": self.comparisons,
+        }
+
+    def table(self) -> str:
+        extra_keys = self._extra_keys()
+        lines = [f"## {self.name}", self.description, ""]
+        head = ["variant", "median s", "min-max s", f"{self.unit}/s", *extra_keys, "exact"]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|---|" + "---:|" * (len(head) - 2) + "---|")
+        for v, runs in self.runs.items():
+            med = self.median(v)
+            cells = [
+                v,
+                f"{med:.3f}",
+                f"{min(r.seconds for r in runs):.3f}-{max(r.seconds for r in runs):.3f}",
+                f"{runs[0].operations / med:,.0f}",
+                *(f"{sum(r.extra.get(k, 0) for r in runs):g}" for k in extra_keys),
+                "yes" if all(r.exact for r in runs) else "NO",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        if self.comparisons:
+            lines += [
+                "",
+                "| variant | vs | ratio (higher is better) | target | met |",
+                "|---|---|---:|---:|---|",
+            ]
+            for c in self.comparisons:
+                target = "" if c["target"] is None else f">= {c['target']}x"
+                met = "" if c["met"] is None else ("yes" if c["met"] else "no")
+                lines.append(
+                    f"| {c['variant']} | {c['baseline']} | {c['ratio']}x | {target} | {met} |"
+                )
+        return "\n".join(lines)
+
+
+# A scenario runner: (dsn, repeat, quick) -> the filled scenario
+Runner = Callable[[str, int, bool], Scenario]
