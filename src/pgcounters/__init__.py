@@ -48,3 +48,33 @@ __all__ = [
     "install",
     "upgrade",
 ]
+
+# quotas and rate limits
+from pgcounters.errors import (
+    InvalidCost,
+    InvalidQuotaArgument,
+    InvalidQuotaDefinition,
+    InvalidQuotaLimit,
+    InvalidSubject,
+    OverlappingQuotaLimits,
+    QuotaDefinitionConflict,
+    QuotaError,
+    UnknownQuota,
+)
+from pgcounters.quotas import CallResult, Quota, QuotaLimit, Quotas
+
+__all__ += [
+    "CallResult",
+    "InvalidCost",
+    "InvalidQuotaArgument",
+    "InvalidQuotaDefinition",
+    "InvalidQuotaLimit",
+    "InvalidSubject",
+    "OverlappingQuotaLimits",
+    "Quota",
+    "QuotaDefinitionConflict",
+    "QuotaError",
+    "QuotaLimit",
+    "Quotas",
+    "UnknownQuota",
+]

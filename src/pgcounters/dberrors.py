@@ -17,6 +17,15 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PC003": errors.UnknownCounter,
     "PC004": errors.InvalidKey,
     "PC005": errors.DrainError,
+    # quotas (subclass Q)
+    "PCQ01": errors.UnknownQuota,
+    "PCQ02": errors.InvalidQuotaDefinition,
+    "PCQ03": errors.QuotaDefinitionConflict,
+    "PCQ04": errors.InvalidQuotaLimit,
+    "PCQ05": errors.OverlappingQuotaLimits,
+    "PCQ06": errors.InvalidSubject,
+    "PCQ07": errors.InvalidCost,
+    "PCQ08": errors.InvalidQuotaArgument,
 }
 
 _CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {
@@ -24,6 +33,15 @@ _CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {
     "targets_key_types_known": errors.InvalidCounterDefinition,
     "targets_mode_known": errors.InvalidCounterDefinition,
     "targets_column_target_complete": errors.InvalidCounterDefinition,
+    # quotas: direct writes to the tables from SQL meet these
+    "quotas_name_format": errors.InvalidQuotaDefinition,
+    "quotas_period_known": errors.InvalidQuotaDefinition,
+    "quotas_window_complete": errors.InvalidQuotaDefinition,
+    "quotas_default_limit_positive": errors.InvalidQuotaLimit,
+    "quota_limits_subject_format": errors.InvalidSubject,
+    "quota_limits_calls_positive": errors.InvalidQuotaLimit,
+    "quota_limits_valid_not_empty": errors.InvalidQuotaLimit,
+    "quota_limits_no_overlap": errors.OverlappingQuotaLimits,
 }
 
 
@@ -36,6 +54,8 @@ def translate(exc: psycopg.Error) -> errors.PgCountersError | None:
         return _OWN_CODES[sqlstate](message)
     if isinstance(exc, pg.NumericValueOutOfRange):
         return errors.CounterOverflow(f"{errors.CounterOverflow.__doc__} ({message})")
+    if isinstance(exc, pg.ExclusionViolation) and diag.constraint_name == "quota_limits_no_overlap":
+        return errors.OverlappingQuotaLimits(message)
     if isinstance(exc, pg.CheckViolation) and diag.constraint_name in _CONSTRAINTS:
         return _CONSTRAINTS[diag.constraint_name](message)
     if isinstance(exc, pg.InvalidSchemaName | pg.UndefinedTable | pg.UndefinedFunction) and (

@@ -73,3 +73,39 @@ class CounterOverflow(CounterError):
 
 class DrainError(PgCountersError):
     """Draining the queue failed."""
+
+
+class QuotaError(PgCountersError):
+    """A quota operation was refused."""
+
+
+class UnknownQuota(QuotaError):
+    """No quota with this name is defined."""
+
+
+class InvalidQuotaDefinition(QuotaError):
+    """Invalid quota definition."""
+
+
+class QuotaDefinitionConflict(QuotaError):
+    """A quota with this name already exists with another window."""
+
+
+class InvalidQuotaLimit(QuotaError):
+    """A quota limit must be a positive number of calls over a non-empty time range."""
+
+
+class OverlappingQuotaLimits(InvalidQuotaLimit):
+    """The limit overlaps another limit of the same quota and subject."""
+
+
+class InvalidSubject(QuotaError):
+    """A quota subject must be a non-blank string of at most 1000 characters."""
+
+
+class InvalidCost(QuotaError):
+    """The cost of a call must be a positive integer within the range of a bigint."""
+
+
+class InvalidQuotaArgument(QuotaError):
+    """Invalid argument to a quota operation."""

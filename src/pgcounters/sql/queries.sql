@@ -112,3 +112,76 @@ SELECT deltas, keys FROM pgcounters.drain_batch(%(limit)s, %(unlogged)s);
 
 -- name: pending_counts
 SELECT (SELECT count(*) FROM pgcounters.queue), (SELECT count(*) FROM pgcounters.queue_unlogged);
+
+-- name: quota_define
+SELECT pgcounters.define_quota(
+    %(name)s, %(default_limit)s, %(period)s, %(window_seconds)s, %(time_zone)s, %(log)s);
+
+-- name: quota_drop
+SELECT pgcounters.drop_quota(%(name)s);
+
+-- name: quota_by_name
+SELECT id, name, period, window_seconds, time_zone, default_limit, log_calls
+  FROM pgcounters.quotas
+ WHERE name = %(name)s;
+
+-- name: quota_list
+SELECT id, name, period, window_seconds, time_zone, default_limit, log_calls
+  FROM pgcounters.quotas
+ ORDER BY name;
+
+-- name: quota_set_limit
+SELECT pgcounters.set_limit(%(quota)s, %(subject)s, %(calls)s, %(from)s, %(until)s);
+
+-- name: quota_remove_limits
+SELECT pgcounters.remove_limits(%(quota)s, %(subject)s, %(id)s);
+
+-- name: quota_limits
+SELECT l.id, l.subject, l.calls, lower(l.valid), upper(l.valid)
+  FROM pgcounters.quota_limits AS l
+ WHERE l.quota_id = %(quota_id)s
+   AND (%(subject)s::text IS NULL OR l.subject = %(subject)s::text)
+ ORDER BY l.subject, lower(l.valid) NULLS FIRST;
+
+-- name: quota_register_call
+SELECT allowed, used, attempts, call_limit, window_start, window_end, retry_after
+  FROM pgcounters.register_call(%s, %s, %s, %s, %s, %s);
+
+-- name: quota_status
+SELECT used, attempts, rejected, call_limit, window_start, window_end
+  FROM pgcounters.quota_status(%(quota)s, %(subject)s, %(at)s);
+
+-- name: quota_report
+SELECT u.subject, u.window_start, u.window_end, u.call_limit, u.used, u.attempts, u.rejected
+  FROM pgcounters.quota_usage AS u
+ WHERE u.quota_id = %(quota_id)s
+   AND (%(subject)s::text IS NULL OR u.subject = %(subject)s::text)
+   AND (%(since)s::timestamptz IS NULL OR u.window_end > %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR u.window_start < %(until)s::timestamptz)
+   AND (NOT %(rejected_only)s OR u.rejected > 0)
+ ORDER BY u.window_start DESC, u.rejected DESC, u.subject
+ LIMIT %(limit)s;
+
+-- name: quota_top_rejected
+SELECT u.subject, sum(u.rejected)::bigint, sum(u.attempts)::bigint, count(*)::bigint
+  FROM pgcounters.quota_usage AS u
+ WHERE u.quota_id = %(quota_id)s
+   AND (%(since)s::timestamptz IS NULL OR u.window_end > %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR u.window_start < %(until)s::timestamptz)
+ GROUP BY u.subject
+HAVING sum(u.rejected) > 0
+ ORDER BY 2 DESC, u.subject
+ LIMIT %(limit)s;
+
+-- name: quota_log
+SELECT g.subject, g.at, g.cost, g.allowed, g.details
+  FROM pgcounters.quota_log AS g
+ WHERE g.quota_id = %(quota_id)s
+   AND (%(subject)s::text IS NULL OR g.subject = %(subject)s::text)
+   AND (%(since)s::timestamptz IS NULL OR g.at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR g.at < %(until)s::timestamptz)
+ ORDER BY g.at DESC, g.subject
+ LIMIT %(limit)s;
+
+-- name: quota_purge
+SELECT windows, log_rows FROM pgcounters.purge_quotas(%(before)s, %(quota)s);

@@ -1,0 +1,594 @@
+"""Quotas and rate limits that never let an extra call through (seed 002).
+
+A :class:`Quotas` wraps one psycopg 3 connection, like :class:`pgcounters.Counters`.
+A quota is a named budget of calls per subject (a customer, a user, an API key,
+an IP address: any non-blank string) per window: a calendar day (the default),
+week or month in a time zone, or a fixed number of seconds.
+
+:meth:`Quotas.register_call` is one call of the SQL function
+``pgcounters.register_call``, which decides inside one upsert of the subject's
+usage row, from that row as it is once locked: concurrent callers cannot both
+take the last unit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
+
+from pgcounters import schema
+from pgcounters.dberrors import translated
+from pgcounters.errors import (
+    InvalidCost,
+    InvalidQuotaArgument,
+    InvalidQuotaDefinition,
+    InvalidQuotaLimit,
+    InvalidSubject,
+    UnknownQuota,
+)
+from pgcounters.keys import BIGINT_MAX, NAME_RE
+from pgcounters.sqlfiles import query
+
+Period: TypeAlias = Literal["day", "week", "month", "fixed"]
+CALENDAR_WINDOWS: tuple[str, ...] = ("day", "week", "month")
+FIXED_WINDOWS: dict[str, int] = {"second": 1, "minute": 60, "hour": 3600}
+Window: TypeAlias = str | int | dt.timedelta
+"""A window: ``"day"``, ``"week"``, ``"month"`` (calendar, in the quota's time
+zone), ``"hour"``, ``"minute"``, ``"second"``, a number of seconds, a
+:class:`datetime.timedelta` or a text such as ``"90s"``, ``"15m"``, ``"2h"``,
+``"1d"`` (fixed windows aligned to the Unix epoch)."""
+
+MAX_SUBJECT = 1000
+_DURATION_RE = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A defined quota, as stored in ``pgcounters.quotas``."""
+
+    id: int
+    name: str
+    period: Period
+    window_seconds: int | None
+    time_zone: str
+    default_limit: int | None
+    log_calls: bool
+
+    @property
+    def window(self) -> str:
+        """The window in the form :func:`parse_window` reads (``"day"``, ``"3600s"``)."""
+        return self.period if self.period != "fixed" else f"{self.window_seconds}s"
+
+    def describe(self) -> str:
+        where = f" in {self.time_zone}" if self.period != "fixed" else ""
+        limit = "none" if self.default_limit is None else str(self.default_limit)
+        log = ", calls logged" if self.log_calls else ""
+        return f"{self.name}: window {self.window}{where}, default limit {limit}{log}"
+
+
+@dataclass(frozen=True)
+class QuotaLimit:
+    """A limit of one subject, valid over ``[valid_from, valid_until)`` (None: unbounded)."""
+
+    id: int
+    subject: str
+    limit: int
+    valid_from: dt.datetime | None
+    valid_until: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The decision on one call, and the state of its window after it."""
+
+    allowed: bool
+    used: int
+    """Units granted in the window, this call included if allowed (never above ``limit``)."""
+    attempts: int
+    """Calls made in the window, granted or not, this one included."""
+    limit: int
+    window_start: dt.datetime
+    window_end: dt.datetime
+    retry_after: float
+    """Seconds from the call until its window ends (when a refused call may succeed)."""
+
+    @property
+    def remaining(self) -> int:
+        """Units left in the window."""
+        return max(self.limit - self.used, 0)
+
+
+@dataclass(frozen=True)
+class QuotaStatus:
+    """The usage of a subject in one window, read without registering a call."""
+
+    used: int
+    attempts: int
+    rejected: int
+    limit: int
+    window_start: dt.datetime
+    window_end: dt.datetime
+
+    @property
+    def remaining(self) -> int:
+        return max(self.limit - self.used, 0)
+
+
+@dataclass(frozen=True)
+class WindowUsage:
+    """One row of a report: a subject's usage in one window."""
+
+    subject: str
+    window_start: dt.datetime
+    window_end: dt.datetime
+    limit: int
+    used: int
+    attempts: int
+    rejected: int
+
+
+@dataclass(frozen=True)
+class SubjectRejections:
+    """Refused calls of one subject over the windows of a report."""
+
+    subject: str
+    rejected: int
+    attempts: int
+    windows: int
+
+
+@dataclass(frozen=True)
+class LoggedCall:
+    """One row of the request log of a quota that logs its calls."""
+
+    subject: str
+    at: dt.datetime
+    cost: int
+    allowed: bool
+    details: Any
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    """What :meth:`Quotas.purge` removed."""
+
+    windows: int
+    log_rows: int
+
+
+def parse_window(window: Window) -> tuple[Period, int | None]:
+    """``(period, window_seconds)`` of a window given as in :data:`Window`."""
+    if isinstance(window, bool):
+        raise InvalidQuotaDefinition(f"invalid window {window!r}")
+    seconds: int
+    if isinstance(window, dt.timedelta):
+        total = window.total_seconds()
+        if total != int(total):
+            raise InvalidQuotaDefinition(f"a window is a whole number of seconds, got {window}")
+        seconds = int(total)
+    elif isinstance(window, int):
+        seconds = window
+    elif isinstance(window, str):
+        text = window.strip().lower()
+        if text in CALENDAR_WINDOWS:
+            return text, None  # type: ignore[return-value]
+        if text in FIXED_WINDOWS:
+            seconds = FIXED_WINDOWS[text]
+        else:
+            match = _DURATION_RE.match(text)
+            if match is None:
+                raise InvalidQuotaDefinition(
+                    f"invalid window {window!r}: use day, week, month, hour, minute, second, "
+                    "or a duration such as 90s, 15m, 2h, 1d"
+                )
+            seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    else:
+        raise InvalidQuotaDefinition(f"invalid window {window!r}")
+    if not 0 < seconds <= BIGINT_MAX:
+        raise InvalidQuotaDefinition(f"a fixed window must be at least one second, got {window!r}")
+    return "fixed", seconds
+
+
+def check_quota_name(name: object) -> str:
+    if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
+        raise InvalidQuotaDefinition(
+            f"invalid quota name {name!r}: use 1-200 characters of letters, digits and "
+            "_ . : / -, starting with a letter or _"
+        )
+    return name
+
+
+def check_subject(subject: object) -> str:
+    if not isinstance(subject, str) or not subject.strip() or len(subject) > MAX_SUBJECT:
+        shown = subject[:40] if isinstance(subject, str) else subject
+        raise InvalidSubject(
+            "a quota subject must be a non-blank string of at most "
+            f"{MAX_SUBJECT} characters, got {shown!r}"
+        )
+    if "\x00" in subject:
+        raise InvalidSubject("a quota subject cannot contain NUL characters")
+    return subject
+
+
+def check_cost(cost: object) -> int:
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 0 < cost <= BIGINT_MAX:
+        raise InvalidCost(
+            f"the cost of a call must be a positive integer within the bigint range, got {cost!r}"
+        )
+    return cost
+
+
+def _check_limit(limit: object, what: str = "a limit") -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= BIGINT_MAX:
+        raise InvalidQuotaLimit(f"{what} must be a positive number of calls, got {limit!r}")
+    return limit
+
+
+def _check_instant(value: object, what: str) -> dt.datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, dt.datetime):
+        raise InvalidQuotaArgument(f"{what} must be a datetime, got {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidQuotaArgument(
+            f"{what} must be an aware datetime (with a time zone), got {value.isoformat()}"
+        )
+    return value
+
+
+def _check_count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidQuotaArgument(f"{what} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _row_to_quota(row: Sequence[Any]) -> Quota:
+    return Quota(
+        id=row[0],
+        name=row[1],
+        period=row[2],
+        window_seconds=row[3],
+        time_zone=row[4],
+        default_limit=row[5],
+        log_calls=row[6],
+    )
+
+
+class Quotas:
+    """Quotas kept in a PostgreSQL database, through one psycopg connection.
+
+    ``synchronous_commit=False`` lets a call that is a transaction of its own
+    (the connection is in autocommit mode and idle) commit without waiting for
+    the WAL flush: several times more calls per second, and a hot subject's row
+    lock is held that much shorter. The price: a crash of PostgreSQL (not of the
+    application) may forget the calls of its last moments (up to three
+    ``wal_writer_delay``, 0.6 s by default), so as many calls may be granted
+    again. Calls made inside a transaction always commit with it, as it is.
+    """
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        check_schema: bool = True,
+        synchronous_commit: bool = True,
+    ) -> None:
+        self.conn = conn
+        self.synchronous_commit = synchronous_commit
+        self._schema_checked = not check_schema
+        self._register = query("quota_register_call")
+
+    def _ensure_schema(self) -> None:
+        if not self._schema_checked:
+            schema.check(self.conn)
+            self._schema_checked = True
+
+    # -- definitions ------------------------------------------------------------
+
+    def define_quota(
+        self,
+        name: str,
+        default_limit: int | None = None,
+        *,
+        window: Window = "day",
+        time_zone: str | None = None,
+        log: bool = False,
+    ) -> Quota:
+        """Define a quota, or change the default limit and logging of an existing one.
+
+        ``default_limit`` applies to subjects without a limit of their own; None
+        means they get no call. ``time_zone`` (an IANA name, default UTC) places
+        the boundaries of day, week and month windows; fixed windows take none.
+        Redefining the window of an existing quota raises
+        :class:`QuotaDefinitionConflict`.
+        """
+        check_quota_name(name)
+        if default_limit is not None:
+            _check_limit(default_limit, "the default limit")
+        period, seconds = parse_window(window)
+        if time_zone is not None and (not isinstance(time_zone, str) or not time_zone):
+            raise InvalidQuotaDefinition(f"invalid time zone {time_zone!r}")
+        if period == "fixed" and time_zone not in (None, "UTC"):
+            raise InvalidQuotaDefinition(
+                f"fixed windows are aligned to the Unix epoch and take no time zone "
+                f"(got {time_zone!r}); time zones apply to day, week and month windows"
+            )
+        if not isinstance(log, bool):
+            raise InvalidQuotaDefinition(f"log must be True or False, got {log!r}")
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                query("quota_define"),
+                {
+                    "name": name,
+                    "default_limit": default_limit,
+                    "period": period,
+                    "window_seconds": seconds,
+                    "time_zone": time_zone or "UTC",
+                    "log": log,
+                },
+            )
+        return self.quota(name)
+
+    def drop_quota(self, name: str) -> bool:
+        """Forget a quota with its limits, usage and log. False if it did not exist."""
+        check_quota_name(name)
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("quota_drop"), {"name": name})
+            row = cur.fetchone()
+        return bool(row and row[0])
+
+    def quota(self, name: str) -> Quota:
+        """The definition of ``name``."""
+        check_quota_name(name)
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("quota_by_name"), {"name": name})
+            row = cur.fetchone()
+        if row is None:
+            raise UnknownQuota(f"no quota named {name!r} is defined")
+        return _row_to_quota(row)
+
+    def quotas(self) -> list[Quota]:
+        """Every defined quota, by name."""
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("quota_list"))
+            return [_row_to_quota(r) for r in cur.fetchall()]
+
+    # -- limits -----------------------------------------------------------------
+
+    def set_limit(
+        self,
+        quota: str,
+        subject: str,
+        limit: int,
+        *,
+        valid_from: dt.datetime | None = None,
+        valid_until: dt.datetime | None = None,
+    ) -> QuotaLimit:
+        """Give ``subject`` its own limit over ``[valid_from, valid_until)``.
+
+        None for a bound means unbounded. A range overlapping another limit of
+        the same quota and subject raises :class:`OverlappingQuotaLimits` and
+        writes nothing.
+        """
+        check_quota_name(quota)
+        check_subject(subject)
+        _check_limit(limit)
+        start = _check_instant(valid_from, "valid_from")
+        end = _check_instant(valid_until, "valid_until")
+        if start is not None and end is not None and end <= start:
+            raise InvalidQuotaLimit(
+                f"a limit must end after it starts, got [{start.isoformat()}, {end.isoformat()})"
+            )
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                query("quota_set_limit"),
+                {"quota": quota, "subject": subject, "calls": limit, "from": start, "until": end},
+            )
+            row = cur.fetchone()
+        assert row is not None
+        return QuotaLimit(int(row[0]), subject, limit, start, end)
+
+    def remove_limits(self, quota: str, subject: str, limit_id: int | None = None) -> int:
+        """Remove the limit ``limit_id`` of ``subject``, or all its limits. Returns how many."""
+        check_quota_name(quota)
+        check_subject(subject)
+        if limit_id is not None:
+            _check_count(limit_id, "limit_id")
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                query("quota_remove_limits"), {"quota": quota, "subject": subject, "id": limit_id}
+            )
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def limits(self, quota: str, subject: str | None = None) -> list[QuotaLimit]:
+        """The limits of one subject, or of every subject, of a quota."""
+        found = self.quota(quota)
+        if subject is not None:
+            check_subject(subject)
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("quota_limits"), {"quota_id": found.id, "subject": subject})
+            return [QuotaLimit(int(r[0]), r[1], int(r[2]), r[3], r[4]) for r in cur.fetchall()]
+
+    # -- calls ------------------------------------------------------------------
+
+    def register_call(
+        self,
+        quota: str,
+        subject: str,
+        cost: int = 1,
+        *,
+        at: dt.datetime | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> CallResult:
+        """Register one call of ``subject`` costing ``cost`` units; say if it is allowed.
+
+        One statement: the usage row of the subject's current window is
+        upserted and the decision made from it, locked, so no concurrent call
+        can take the same unit. A refused call still counts as an attempt.
+        ``at`` (default: the transaction's start, ``now()``) places the call in
+        its window; ``details`` go to the request log if the quota keeps one.
+        """
+        check_subject(subject)
+        check_cost(cost)
+        if at is not None:
+            _check_instant(at, "at")
+        if details is not None and not isinstance(details, Mapping):
+            raise InvalidQuotaArgument(f"details must be a mapping, got {type(details).__name__}")
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                self._register,
+                (
+                    quota,
+                    subject,
+                    cost,
+                    at,
+                    None if details is None else Jsonb(dict(details)),
+                    self.commits_asynchronously(),
+                ),
+            )
+            row = cur.fetchone()
+        assert row is not None
+        return CallResult(
+            allowed=row[0],
+            used=row[1],
+            attempts=row[2],
+            limit=row[3],
+            window_start=row[4],
+            window_end=row[5],
+            retry_after=row[6],
+        )
+
+    def commits_asynchronously(self) -> bool:
+        """Whether the next call commits without waiting for the WAL flush.
+
+        True only with ``synchronous_commit=False`` and a call that will be a
+        transaction of its own: an autocommit connection outside any transaction.
+        """
+        return (
+            not self.synchronous_commit
+            and self.conn.autocommit
+            and self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+
+    def status(self, quota: str, subject: str, *, at: dt.datetime | None = None) -> QuotaStatus:
+        """The usage of ``subject`` in the window containing ``at`` (default: now)."""
+        check_quota_name(quota)
+        check_subject(subject)
+        _check_instant(at, "at")
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("quota_status"), {"quota": quota, "subject": subject, "at": at})
+            row = cur.fetchone()
+        assert row is not None
+        return QuotaStatus(*row)
+
+    # -- reports and upkeep -------------------------------------------------------
+
+    def report(
+        self,
+        quota: str,
+        *,
+        subject: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        rejected_only: bool = False,
+        limit: int = 1000,
+    ) -> list[WindowUsage]:
+        """Usage per subject and window, newest windows first.
+
+        ``since`` / ``until`` keep the windows that overlap ``[since, until)``;
+        ``rejected_only`` keeps those in which some call was refused.
+        """
+        found = self.quota(quota)
+        if subject is not None:
+            check_subject(subject)
+        params = {
+            "quota_id": found.id,
+            "subject": subject,
+            "since": _check_instant(since, "since"),
+            "until": _check_instant(until, "until"),
+            "rejected_only": bool(rejected_only),
+            "limit": _check_count(limit, "limit"),
+        }
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("quota_report"), params)
+            return [WindowUsage(*r) for r in cur.fetchall()]
+
+    def top_rejected(
+        self,
+        quota: str,
+        *,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        n: int = 10,
+    ) -> list[SubjectRejections]:
+        """The ``n`` subjects with the most refused calls over the windows overlapping
+        ``[since, until)``."""
+        found = self.quota(quota)
+        params = {
+            "quota_id": found.id,
+            "since": _check_instant(since, "since"),
+            "until": _check_instant(until, "until"),
+            "limit": _check_count(n, "n"),
+        }
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("quota_top_rejected"), params)
+            return [SubjectRejections(*r) for r in cur.fetchall()]
+
+    def logged_calls(
+        self,
+        quota: str,
+        *,
+        subject: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        limit: int = 1000,
+    ) -> list[LoggedCall]:
+        """Rows of the request log (quotas defined with ``log=True``), newest first."""
+        found = self.quota(quota)
+        if subject is not None:
+            check_subject(subject)
+        params = {
+            "quota_id": found.id,
+            "subject": subject,
+            "since": _check_instant(since, "since"),
+            "until": _check_instant(until, "until"),
+            "limit": _check_count(limit, "limit"),
+        }
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("quota_log"), params)
+            return [LoggedCall(*r) for r in cur.fetchall()]
+
+    def purge(self, before: dt.datetime, quota: str | None = None) -> PurgeResult:
+        """Remove the windows that ended at or before ``before`` and older log rows.
+
+        Of one quota, or of all. ``before`` must not be in the future: that
+        would forget windows still in use.
+        """
+        if before is None:
+            raise InvalidQuotaArgument("purge needs a cut-off datetime")
+        _check_instant(before, "before")
+        if quota is not None:
+            check_quota_name(quota)
+        self._ensure_schema()
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("quota_purge"), {"before": before, "quota": quota})
+            row = cur.fetchone()
+        assert row is not None
+        return PurgeResult(int(row[0]), int(row[1]))
