@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, cast
 
@@ -122,17 +123,26 @@ class Table:
         return f"{self.schema}.{self.name}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ColumnTarget:
     """A counter column on a parent table (S2), e.g. ``blog_article.public_comments``."""
 
     table: Table
     column: str
-    key_column: str = "id"
-    key_type: KeyType = "bigint"
+    key_column: str
+    key_type: KeyType
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "table", Table.of(self.table))
+    def __init__(
+        self,
+        table: Table | str,
+        column: str,
+        key_column: str = "id",
+        key_type: KeyType = "bigint",
+    ) -> None:
+        object.__setattr__(self, "table", Table.of(table))
+        object.__setattr__(self, "column", column)
+        object.__setattr__(self, "key_column", key_column)
+        object.__setattr__(self, "key_type", key_type)
         check_identifier(self.column, "counter column")
         check_identifier(self.key_column, "key column")
         if self.key_type not in KEY_TYPES:
@@ -164,7 +174,7 @@ Target: TypeAlias = ColumnTarget | NamedTarget
 KeyExpr: TypeAlias = str | Fragment
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class CounterSpec:
     """Count (or sum) rows of ``source`` that satisfy ``where``, per key, into ``target``.
 
@@ -183,13 +193,35 @@ class CounterSpec:
     name: str
     source: Table
     target: Target
-    keys: tuple[KeyExpr, ...] = ()
-    where: Fragment | None = None
-    sum: KeyExpr | None = None
-    mode: Mode = "queued"
-    _fingerprint: str = field(default="", init=False, repr=False, compare=False)
+    keys: tuple[KeyExpr, ...]
+    where: Fragment | None
+    sum: KeyExpr | None
+    mode: Mode
+    _fingerprint: str = field(repr=False, compare=False)
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        name: str,
+        source: Table | str,
+        target: Target,
+        keys: KeyExpr | Sequence[KeyExpr] = (),
+        where: Fragment | None = None,
+        sum: KeyExpr | None = None,
+        mode: Mode = "queued",
+    ) -> None:
+        for attr, value in (
+            ("name", name),
+            ("source", source),
+            ("target", target),
+            ("keys", keys),
+            ("where", where),
+            ("sum", sum),
+            ("mode", mode),
+        ):
+            object.__setattr__(self, attr, value)
+        self._validate()
+
+    def _validate(self) -> None:
         try:
             check_name(self.name)
         except Exception as exc:
