@@ -14,6 +14,7 @@ take the last unit.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -573,7 +574,12 @@ class Quotas:
         }
         with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(query("quota_log"), params)
-            return [LoggedCall(*r) for r in cur.fetchall()]
+            # details come as text and are decoded here, whatever loaders the connection
+            # has (Django's backend loads jsonb as text)
+            return [
+                LoggedCall(r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]))
+                for r in cur.fetchall()
+            ]
 
     def purge(self, before: dt.datetime, quota: str | None = None) -> PurgeResult:
         """Remove the windows that ended at or before ``before`` and older log rows.

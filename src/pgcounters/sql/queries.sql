@@ -204,7 +204,7 @@ HAVING sum(u.rejected) > 0
  LIMIT %(limit)s;
 
 -- name: quota_log
-SELECT g.subject, g.at, g.cost, g.allowed, g.details
+SELECT g.subject, g.at, g.cost, g.allowed, g.details::text
   FROM pgcounters.quota_log AS g
  WHERE g.quota_id = %(quota_id)s
    AND (%(subject)s::text IS NULL OR g.subject = %(subject)s::text)

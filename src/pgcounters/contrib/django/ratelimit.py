@@ -1,0 +1,308 @@
+"""Rate limiting for Django views on pgcounters quotas: a view decorator and a middleware.
+
+Each request registers one call of a subject (the user, the client address, a
+header, or what a callable returns) against a quota defined with
+:meth:`pgcounters.Quotas.define_quota` (or ``pgcounters quota define``). A refused
+call is answered ``429 Too Many Requests`` with ``Retry-After`` and the
+rate-limit headers; allowed responses carry the rate-limit headers too.
+
+    from pgcounters.contrib.django.ratelimit import ratelimit
+
+    @ratelimit("api.calls", key="user_or_ip")
+    def my_view(request): ...
+
+    @ratelimit("api.calls", key="header:X-Api-Key", methods=["POST"])
+    class MyView(View): ...
+
+Settings (all optional, prefixed ``PGCOUNTERS_RATELIMIT_``) are described in
+:class:`RateLimitSettings` and in ``docs/quotas.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias, TypeVar, cast
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.utils.module_loading import import_string
+
+from pgcounters.contrib.django.db import psycopg_connection
+from pgcounters.quotas import CallResult, Quotas
+
+KeyFunc: TypeAlias = Callable[[HttpRequest], "str | None"]
+Key: TypeAlias = str | KeyFunc
+"""``"user"``, ``"ip"``, ``"user_or_ip"``, ``"header:<Name>"``, or a callable."""
+Cost: TypeAlias = int | Callable[[HttpRequest], int]
+HeaderStyle: TypeAlias = Literal["ratelimit", "x-ratelimit", "both", "none"]
+HEADER_STYLES: tuple[HeaderStyle, ...] = ("ratelimit", "x-ratelimit", "both", "none")
+ResponseFactory: TypeAlias = Callable[[HttpRequest, CallResult], HttpResponse]
+V = TypeVar("V")
+
+PREFIX = "PGCOUNTERS_RATELIMIT_"
+
+
+@dataclass(frozen=True)
+class RateLimitSettings:
+    """The ``PGCOUNTERS_RATELIMIT_*`` settings, read when a request is limited.
+
+    ``QUOTA``: the quota of the middleware (required by it). ``KEY``: its key
+    (default ``"user_or_ip"``). ``PATHS``: path prefixes the middleware limits
+    (default: every path). ``METHODS``: HTTP methods it limits (default: all).
+    ``HEADERS``: ``"ratelimit"`` (``RateLimit-Limit``, ``RateLimit-Remaining``,
+    ``RateLimit-Reset`` in seconds, the default), ``"x-ratelimit"``
+    (``X-RateLimit-*``, reset as a Unix time), ``"both"`` or ``"none"``.
+    ``IP_META``: the ``request.META`` entry holding the client address (default
+    ``"REMOTE_ADDR"``; behind a proxy, one it sets, such as ``"HTTP_X_REAL_IP"``;
+    of a comma-separated list the last address is used). ``DATABASE``: the
+    database alias (default ``"default"``). ``SYNCHRONOUS_COMMIT``: False lets
+    calls made outside a transaction commit without waiting for the WAL flush
+    (see :class:`pgcounters.Quotas`). ``RESPONSE``: dotted path of a callable
+    ``(request, result) -> HttpResponse`` for refused requests. ``LOG_DETAILS``:
+    pass method, path, client address and user agent as details to the
+    request log of quotas that keep one (default False).
+    """
+
+    quota: str | None = None
+    key: Key = "user_or_ip"
+    paths: tuple[str, ...] = ("/",)
+    methods: frozenset[str] | None = None
+    headers: HeaderStyle = "ratelimit"
+    ip_meta: str = "REMOTE_ADDR"
+    database: str = "default"
+    synchronous_commit: bool = True
+    response: ResponseFactory | None = None
+    log_details: bool = False
+
+    @classmethod
+    def load(cls) -> RateLimitSettings:
+        def get(name: str, default: Any) -> Any:
+            return getattr(django_settings, PREFIX + name, default)
+
+        headers = get("HEADERS", "ratelimit")
+        if headers not in HEADER_STYLES:
+            raise ImproperlyConfigured(
+                f"{PREFIX}HEADERS must be one of {', '.join(HEADER_STYLES)}, got {headers!r}"
+            )
+        quota = get("QUOTA", None)
+        if quota is not None and not isinstance(quota, str):
+            raise ImproperlyConfigured(f"{PREFIX}QUOTA must be a quota name, got {quota!r}")
+        paths = get("PATHS", ("/",))
+        if isinstance(paths, str) or not all(isinstance(p, str) for p in paths):
+            raise ImproperlyConfigured(f"{PREFIX}PATHS must be a list of path prefixes")
+        response = get("RESPONSE", None)
+        if isinstance(response, str):
+            response = import_string(response)
+        if response is not None and not callable(response):
+            raise ImproperlyConfigured(f"{PREFIX}RESPONSE must be a callable or its dotted path")
+        key = get("KEY", "user_or_ip")
+        _check_key(key)
+        return cls(
+            quota=quota,
+            key=key,
+            paths=tuple(paths),
+            methods=_methods(get("METHODS", None)),
+            headers=headers,
+            ip_meta=str(get("IP_META", "REMOTE_ADDR")),
+            database=str(get("DATABASE", "default")),
+            synchronous_commit=bool(get("SYNCHRONOUS_COMMIT", True)),
+            response=response,
+            log_details=bool(get("LOG_DETAILS", False)),
+        )
+
+
+def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
+    if methods is None:
+        return None
+    if isinstance(methods, str):
+        methods = [methods]
+    return frozenset(m.upper() for m in methods)
+
+
+def _check_key(key: object) -> None:
+    if callable(key):
+        return
+    if key in ("user", "ip", "user_or_ip"):
+        return
+    if isinstance(key, str) and key.startswith("header:") and len(key) > len("header:"):
+        return
+    raise ImproperlyConfigured(
+        f"invalid rate-limit key {key!r}: use 'user', 'ip', 'user_or_ip', 'header:<Name>' "
+        "or a callable(request) -> str | None"
+    )
+
+
+def client_ip(request: HttpRequest, meta: str = "REMOTE_ADDR") -> str | None:
+    """The client address from ``request.META[meta]`` (the last of a comma-separated list)."""
+    value = request.META.get(meta)
+    if not value:
+        return None
+    last = str(value).split(",")[-1].strip()
+    return last or None
+
+
+def subject_for(request: HttpRequest, key: Key, config: RateLimitSettings) -> str | None:
+    """The quota subject of ``request``: ``user:<pk>``, ``ip:<address>``, ``header:<value>``,
+    or what a callable key returns. None: the request is not limited."""
+    if callable(key):
+        return key(request)
+    user = getattr(request, "user", None)
+    if key in ("user", "user_or_ip") and user is not None and user.is_authenticated:
+        return f"user:{user.pk}"
+    if key.startswith("header:"):
+        value = request.headers.get(key[len("header:") :])
+        if value:
+            return f"header:{value}"
+        # without the header the client falls back to its address: leaving a header out
+        # must not escape the limit
+    ip = client_ip(request, config.ip_meta)
+    return f"ip:{ip}" if ip else None
+
+
+def rate_limit_headers(result: CallResult, style: HeaderStyle) -> dict[str, str]:
+    """The rate-limit headers of a decision (without ``Retry-After``)."""
+    reset = max(math.ceil(result.retry_after), 0)
+    out: dict[str, str] = {}
+    if style in ("ratelimit", "both"):
+        out["RateLimit-Limit"] = str(result.limit)
+        out["RateLimit-Remaining"] = str(result.remaining)
+        out["RateLimit-Reset"] = str(reset)
+    if style in ("x-ratelimit", "both"):
+        out["X-RateLimit-Limit"] = str(result.limit)
+        out["X-RateLimit-Remaining"] = str(result.remaining)
+        out["X-RateLimit-Reset"] = str(math.ceil(result.window_end.timestamp()))
+    return out
+
+
+def too_many_requests(request: HttpRequest, result: CallResult) -> HttpResponse:
+    """The default answer to a refused call."""
+    return HttpResponse("Too Many Requests\n", status=429, content_type="text/plain; charset=utf-8")
+
+
+def _details(request: HttpRequest, config: RateLimitSettings) -> dict[str, Any]:
+    return {
+        "method": request.method,
+        "path": request.path,
+        "ip": client_ip(request, config.ip_meta),
+        "user_agent": request.headers.get("User-Agent"),
+    }
+
+
+def check_request(
+    request: HttpRequest,
+    quota: str,
+    key: Key,
+    cost: Cost,
+    config: RateLimitSettings,
+) -> CallResult | None:
+    """Register the call of ``request``; None when it has no subject (not limited)."""
+    subject = subject_for(request, key, config)
+    if subject is None:
+        return None
+    units = cost(request) if callable(cost) else cost
+    with psycopg_connection(config.database) as conn:
+        quotas = Quotas(conn, check_schema=False, synchronous_commit=config.synchronous_commit)
+        return quotas.register_call(
+            quota,
+            subject,
+            units,
+            details=_details(request, config) if config.log_details else None,
+        )
+
+
+def _finish(
+    request: HttpRequest,
+    result: CallResult | None,
+    config: RateLimitSettings,
+    get_response: Callable[[], HttpResponse],
+    block: bool,
+) -> HttpResponse:
+    request.ratelimit = result  # type: ignore[attr-defined]
+    if result is not None and not result.allowed and block:
+        response = (config.response or too_many_requests)(request, result)
+        response["Retry-After"] = str(max(math.ceil(result.retry_after), 1))
+    else:
+        response = get_response()
+    if result is not None:
+        for name, value in rate_limit_headers(result, config.headers).items():
+            response[name] = value
+    return response
+
+
+def ratelimit(
+    quota: str,
+    *,
+    key: Key = "user_or_ip",
+    cost: Cost = 1,
+    methods: Iterable[str] | None = None,
+    block: bool = True,
+) -> Callable[[V], V]:
+    """Limit a view (function or class-based) by a quota.
+
+    ``key``: ``"user"`` / ``"user_or_ip"`` (the authenticated user, else the client
+    address), ``"ip"``, ``"header:<Name>"`` (else the client address), or a
+    callable ``(request) -> str | None`` (None: this request is not limited).
+    ``cost``: units per request, or a callable ``(request) -> int``. ``methods``:
+    only these HTTP methods are limited (default: all). ``block=False`` lets a
+    refused request through to the view, which finds the decision in
+    ``request.ratelimit`` (a :class:`pgcounters.quotas.CallResult`).
+
+    On a class-based view the decorator wraps ``dispatch``; on a method, use
+    ``django.utils.decorators.method_decorator``.
+    """
+    _check_key(key)
+    only = _methods(methods)
+
+    def limit(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if only is not None and (request.method or "").upper() not in only:
+                return view(request, *args, **kwargs)
+            config = RateLimitSettings.load()
+            result = check_request(request, quota, key, cost, config)
+            return _finish(request, result, config, lambda: view(request, *args, **kwargs), block)
+
+        return wrapper
+
+    def decorate(target: V) -> V:
+        if isinstance(target, type):
+            dispatch = target.dispatch  # type: ignore[attr-defined]
+
+            @functools.wraps(dispatch)
+            def limited_dispatch(self: Any, request: HttpRequest, *a: Any, **kw: Any) -> Any:
+                return limit(functools.partial(dispatch, self))(request, *a, **kw)
+
+            target.dispatch = limited_dispatch  # type: ignore[attr-defined]
+            return target
+        return cast(V, limit(cast(Callable[..., HttpResponse], target)))
+
+    return decorate
+
+
+class RateLimitMiddleware:
+    """Limit every request under ``PGCOUNTERS_RATELIMIT_PATHS`` by ``PGCOUNTERS_RATELIMIT_QUOTA``.
+
+    Place it after ``AuthenticationMiddleware`` when the key uses the user.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+        config = RateLimitSettings.load()
+        if not config.quota:
+            raise ImproperlyConfigured(
+                f"RateLimitMiddleware needs {PREFIX}QUOTA, the name of a defined quota"
+            )
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        config = RateLimitSettings.load()
+        assert config.quota is not None
+        if not any(request.path.startswith(p) for p in config.paths) or (
+            config.methods is not None and (request.method or "").upper() not in config.methods
+        ):
+            return self.get_response(request)
+        result = check_request(request, config.quota, config.key, 1, config)
+        return _finish(request, result, config, lambda: self.get_response(request), True)

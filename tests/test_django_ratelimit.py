@@ -1,0 +1,248 @@
+"""The Django rate limiting on quotas: decorator (function and class-based views), middleware."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.test import RequestFactory
+from django.utils.decorators import method_decorator
+from django.views import View
+from pytest_django.fixtures import Settings as SettingsWrapper
+
+from pgcounters import Quotas, UnknownQuota
+from pgcounters.contrib.django.db import psycopg_connection
+from pgcounters.contrib.django.ratelimit import RateLimitMiddleware, ratelimit
+from pgcounters.quotas import CallResult
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def quotas() -> Iterator[Quotas]:
+    """The quotas of the test database; Django's flush between tests does not reach them."""
+    with psycopg_connection() as conn:
+        quotas = Quotas(conn)
+        for quota in quotas.quotas():
+            quotas.drop_quota(quota.name)
+        yield quotas
+
+
+@pytest.fixture
+def rf() -> RequestFactory:
+    return RequestFactory()
+
+
+def ok(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+def request(
+    rf: RequestFactory, path: str = "/x", method: str = "get", user: Any = None, **meta: Any
+) -> HttpRequest:
+    req: HttpRequest = getattr(rf, method)(path, **meta)
+    req.user = user or AnonymousUser()
+    return req
+
+
+def subjects(quotas: Quotas, quota: str) -> dict[str, int]:
+    return {r.subject: r.attempts for r in quotas.report(quota)}
+
+
+def custom_429(request: HttpRequest, result: CallResult) -> HttpResponse:
+    return HttpResponse(f"slow down, {result.used}/{result.limit}", status=429)
+
+
+def test_function_view_gets_429_with_retry_after_and_headers(
+    quotas: Quotas, rf: RequestFactory
+) -> None:
+    quotas.define_quota("api", 2, window="hour")
+    view = ratelimit("api", key="ip")(ok)
+    responses = [view(request(rf)) for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    assert [r["RateLimit-Limit"] for r in responses] == ["2", "2", "2"]
+    assert [r["RateLimit-Remaining"] for r in responses] == ["1", "0", "0"]
+    refused = responses[2]
+    assert refused.content == b"Too Many Requests\n"
+    reset = int(refused["RateLimit-Reset"])
+    assert 0 <= reset <= 3600
+    assert int(refused["Retry-After"]) == max(reset, 1)
+    assert "Retry-After" not in responses[0]
+    assert subjects(quotas, "api") == {"ip:127.0.0.1": 3}
+
+
+def test_keys_user_ip_header_and_callable(quotas: Quotas, rf: RequestFactory) -> None:
+    quotas.define_quota("api", 1)
+    alice = User.objects.create(username="alice")
+    bob = User.objects.create(username="bob")
+    by_user = ratelimit("api", key="user")(ok)
+    assert by_user(request(rf, user=alice)).status_code == 200
+    assert by_user(request(rf, user=bob)).status_code == 200  # same address, other budget
+    assert by_user(request(rf, user=alice)).status_code == 429
+    assert by_user(request(rf)).status_code == 200  # anonymous: by address
+
+    by_ip = ratelimit("api", key="ip")(ok)
+    assert by_ip(request(rf, user=alice, REMOTE_ADDR="10.0.0.9")).status_code == 200
+    assert by_ip(request(rf, user=bob, REMOTE_ADDR="10.0.0.9")).status_code == 429
+
+    by_header = ratelimit("api", key="header:X-Api-Key")(ok)
+    assert by_header(request(rf, HTTP_X_API_KEY="k1")).status_code == 200
+    assert by_header(request(rf, HTTP_X_API_KEY="k1")).status_code == 429
+    # without the header the client is limited by its address, not let through
+    assert by_header(request(rf, REMOTE_ADDR="10.0.0.7")).status_code == 200
+    assert by_header(request(rf, REMOTE_ADDR="10.0.0.7")).status_code == 429
+
+    def tenant(req: HttpRequest) -> str | None:
+        return req.GET.get("tenant")
+
+    by_tenant = ratelimit("api", key=tenant)(ok)
+    assert by_tenant(request(rf, "/x?tenant=t1")).status_code == 200
+    assert by_tenant(request(rf, "/x?tenant=t1")).status_code == 429
+    unlimited = by_tenant(request(rf, "/x"))  # None: this request is not limited
+    assert unlimited.status_code == 200
+    assert "RateLimit-Limit" not in unlimited
+
+    assert subjects(quotas, "api") == {
+        f"user:{alice.pk}": 2,
+        f"user:{bob.pk}": 1,
+        "ip:127.0.0.1": 1,
+        "ip:10.0.0.9": 2,
+        "header:k1": 2,
+        "ip:10.0.0.7": 2,
+        "t1": 2,
+    }
+
+
+def test_class_based_views(quotas: Quotas, rf: RequestFactory) -> None:
+    quotas.define_quota("api", 1)
+
+    @ratelimit("api", key="ip")
+    class Whole(View):
+        def get(self, request: HttpRequest) -> HttpResponse:
+            return HttpResponse("get")
+
+        def post(self, request: HttpRequest) -> HttpResponse:
+            return HttpResponse("post")
+
+    class OnlyPost(View):
+        def get(self, request: HttpRequest) -> HttpResponse:
+            return HttpResponse("get")
+
+        @method_decorator(ratelimit("api", key="ip"))
+        def post(self, request: HttpRequest) -> HttpResponse:
+            return HttpResponse("post")
+
+    whole = Whole.as_view()
+    assert whole(request(rf, REMOTE_ADDR="10.0.0.1")).status_code == 200
+    assert whole(request(rf, method="post", REMOTE_ADDR="10.0.0.1")).status_code == 429
+    only_post = OnlyPost.as_view()
+    for _ in range(3):
+        assert only_post(request(rf, REMOTE_ADDR="10.0.0.2")).status_code == 200
+    assert only_post(request(rf, method="post", REMOTE_ADDR="10.0.0.2")).status_code == 200
+    assert only_post(request(rf, method="post", REMOTE_ADDR="10.0.0.2")).status_code == 429
+    assert subjects(quotas, "api") == {"ip:10.0.0.1": 2, "ip:10.0.0.2": 2}
+
+
+def test_methods_cost_and_block_false(quotas: Quotas, rf: RequestFactory) -> None:
+    quotas.define_quota("api", 10)
+    posts_only = ratelimit("api", key="ip", methods=["post"], cost=4)(ok)
+    for _ in range(5):
+        assert posts_only(request(rf)).status_code == 200  # GET: not counted
+    assert [posts_only(request(rf, method="post")).status_code for _ in range(3)] == [
+        200,
+        200,
+        429,
+    ]
+    seen: list[CallResult | None] = []
+
+    def soft(req: HttpRequest) -> HttpResponse:
+        seen.append(req.ratelimit)  # type: ignore[attr-defined]
+        return HttpResponse("soft")
+
+    weighted = ratelimit("api", key="ip", cost=lambda req: int(req.GET.get("n", "1")), block=False)
+    response = weighted(soft)(request(rf, "/x?n=3"))
+    assert (response.status_code, response["RateLimit-Remaining"]) == (200, "2")
+    assert seen[-1] is not None
+    assert (seen[-1].allowed, seen[-1].used) == (False, 8)
+    assert subjects(quotas, "api") == {"ip:127.0.0.1": 4}
+
+
+def test_header_styles_and_custom_response(
+    quotas: Quotas, rf: RequestFactory, settings: SettingsWrapper
+) -> None:
+    quotas.define_quota("api", 1)
+    view = ratelimit("api", key="ip")(ok)
+    settings.PGCOUNTERS_RATELIMIT_HEADERS = "x-ratelimit"
+    first = view(request(rf, REMOTE_ADDR="10.0.0.1"))
+    assert "RateLimit-Limit" not in first
+    assert (first["X-RateLimit-Limit"], first["X-RateLimit-Remaining"]) == ("1", "0")
+    status = quotas.status("api", "ip:10.0.0.1")
+    assert int(first["X-RateLimit-Reset"]) == math.ceil(status.window_end.timestamp())
+    settings.PGCOUNTERS_RATELIMIT_HEADERS = "both"
+    settings.PGCOUNTERS_RATELIMIT_RESPONSE = "test_django_ratelimit.custom_429"
+    second = view(request(rf, REMOTE_ADDR="10.0.0.1"))
+    assert (second.status_code, second.content) == (429, b"slow down, 1/1")
+    assert {"RateLimit-Reset", "X-RateLimit-Reset", "Retry-After"} <= set(second.headers)
+    settings.PGCOUNTERS_RATELIMIT_HEADERS = "none"
+    third = view(request(rf, REMOTE_ADDR="10.0.0.1"))
+    assert "RateLimit-Limit" not in third
+    assert "X-RateLimit-Limit" not in third
+    assert "Retry-After" in third
+    settings.PGCOUNTERS_RATELIMIT_HEADERS = "draft-42"
+    with pytest.raises(ImproperlyConfigured, match="HEADERS"):
+        view(request(rf))
+
+
+def test_middleware_limits_configured_paths(
+    quotas: Quotas, rf: RequestFactory, settings: SettingsWrapper
+) -> None:
+    quotas.define_quota("site", 2, log=True)
+    with pytest.raises(ImproperlyConfigured, match="PGCOUNTERS_RATELIMIT_QUOTA"):
+        RateLimitMiddleware(ok)
+    settings.PGCOUNTERS_RATELIMIT_QUOTA = "site"
+    settings.PGCOUNTERS_RATELIMIT_PATHS = ["/api/"]
+    settings.PGCOUNTERS_RATELIMIT_IP_META = "HTTP_X_FORWARDED_FOR"
+    settings.PGCOUNTERS_RATELIMIT_LOG_DETAILS = True
+    settings.PGCOUNTERS_RATELIMIT_SYNCHRONOUS_COMMIT = False
+    middleware = RateLimitMiddleware(ok)
+    proxied = {"HTTP_X_FORWARDED_FOR": "203.0.113.5, 198.51.100.7"}
+    codes = [middleware(request(rf, "/api/items", **proxied)).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    assert middleware(request(rf, "/home", **proxied)).status_code == 200
+    assert subjects(quotas, "site") == {"ip:198.51.100.7": 3}
+    logged = quotas.logged_calls("site")
+    assert [c.allowed for c in logged] == [False, True, True]
+    assert logged[0].details == {
+        "method": "GET",
+        "path": "/api/items",
+        "ip": "198.51.100.7",
+        "user_agent": None,
+    }
+    settings.PGCOUNTERS_RATELIMIT_KEY = "nonsense"
+    with pytest.raises(ImproperlyConfigured, match="invalid rate-limit key"):
+        middleware(request(rf, "/api/items"))
+
+
+def test_unknown_quota_and_bad_key_are_errors(quotas: Quotas, rf: RequestFactory) -> None:
+    with pytest.raises(UnknownQuota):
+        ratelimit("missing", key="ip")(ok)(request(rf))
+    with pytest.raises(ImproperlyConfigured):
+        ratelimit("api", key="header:")
+    assert quotas.quotas() == []
+
+
+def test_retry_after_is_the_time_to_the_window_end(quotas: Quotas, rf: RequestFactory) -> None:
+    quotas.define_quota("api", 1, window="minute")
+    view = ratelimit("api", key="ip")(ok)
+    view(request(rf))
+    refused = view(request(rf))
+    status = quotas.status("api", "ip:127.0.0.1")
+    left = (status.window_end - dt.datetime.now(dt.UTC)).total_seconds()
+    assert refused.status_code == 429
+    assert abs(int(refused["Retry-After"]) - max(math.ceil(left), 1)) <= 1
