@@ -92,7 +92,8 @@ class CallResult:
 
     allowed: bool
     used: int
-    """Units granted in the window, this call included if allowed (never above ``limit``)."""
+    """Units granted in the window, this call included if allowed. A grant never takes it
+    above the limit in force; a limit lowered within the window may leave it above."""
     attempts: int
     """Calls made in the window, granted or not, this one included."""
     limit: int
@@ -268,7 +269,8 @@ class Quotas:
 
     ``synchronous_commit=False`` lets a call that is a transaction of its own
     (the connection is in autocommit mode and idle) commit without waiting for
-    the WAL flush: several times more calls per second, and a hot subject's row
+    the WAL flush: two to three times the calls per second on the benchmark
+    machine, and a hot subject's row
     lock is held that much shorter. The price: a crash of PostgreSQL (not of the
     application) may forget the calls of its last moments (up to three
     ``wal_writer_delay``, 0.6 s by default), so as many calls may be granted

@@ -72,7 +72,7 @@ CREATE TABLE pgcounters.quota_usage (
     window_start timestamptz NOT NULL,
     window_end   timestamptz NOT NULL,
     call_limit   bigint NOT NULL,   -- the limit in force at the latest call
-    used         bigint NOT NULL,   -- units granted (never above call_limit)
+    used         bigint NOT NULL,   -- units granted (a grant never exceeds the limit)
     attempts     bigint NOT NULL,   -- calls made, granted or not
     rejected     bigint NOT NULL,   -- calls refused
     last_allowed boolean NOT NULL,  -- the decision of the latest call
@@ -324,7 +324,7 @@ $$;
 
 -- Register one call of p_subject against p_quota at p_at (default: now(), the
 -- transaction's start), costing p_cost units. Returns whether it is allowed,
--- the units used in the window (never above the limit), the real number of
+-- the units used in the window (a grant never exceeds the limit), the real number of
 -- calls in the window, the limit, the window and the seconds until it ends.
 --
 -- The decision is made in the SET of the upsert, from the usage row as it is
