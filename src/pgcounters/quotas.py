@@ -25,7 +25,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgcounters import schema
-from pgcounters.dberrors import translated
+from pgcounters.dberrors import translate, translated
 from pgcounters.errors import (
     InvalidCost,
     InvalidQuotaArgument,
@@ -275,6 +275,8 @@ class Quotas:
     application) may forget the calls of its last moments (up to three
     ``wal_writer_delay``, 0.6 s by default), so as many calls may be granted
     again. Calls made inside a transaction always commit with it, as it is.
+
+    Like its connection, a ``Quotas`` is meant for one thread at a time.
     """
 
     def __init__(
@@ -288,6 +290,7 @@ class Quotas:
         self.synchronous_commit = synchronous_commit
         self._schema_checked = not check_schema
         self._register = query("quota_register_call")
+        self._cursor: psycopg.Cursor[tuple[Any, ...]] | None = None
 
     def _ensure_schema(self) -> None:
         if not self._schema_checked:
@@ -453,7 +456,11 @@ class Quotas:
         if details is not None and not isinstance(details, Mapping):
             raise InvalidQuotaArgument(f"details must be a mapping, got {type(details).__name__}")
         self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+        # the hot path: one cursor kept for the calls, no context manager around it
+        cur = self._cursor
+        if cur is None or cur.closed:
+            cur = self._cursor = self.conn.cursor(row_factory=tuple_row)
+        try:
             cur.execute(
                 self._register,
                 (
@@ -466,6 +473,11 @@ class Quotas:
                 ),
             )
             row = cur.fetchone()
+        except psycopg.Error as exc:
+            mapped = translate(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
         assert row is not None
         return CallResult(
             allowed=row[0],

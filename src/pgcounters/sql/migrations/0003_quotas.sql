@@ -105,11 +105,13 @@ CREATE INDEX quota_log_at ON pgcounters.quota_log USING brin (at);
 -- windows are computed on the local wall clock of p_time_zone and converted
 -- back, so a day is 23 or 25 hours long on DST changes; the session's TimeZone
 -- setting plays no part. Fixed windows are aligned to the Unix epoch. Both are
--- single expressions in SQL functions, which the planner inlines.
+-- single expressions in SQL functions, which the planner inlines; they are
+-- STABLE, not IMMUTABLE, because extract() from a timestamptz is STABLE (a
+-- function declared more strictly than its body is not inlined).
 CREATE FUNCTION pgcounters.quota_window_start(
     p_period text, p_window_seconds bigint, p_time_zone text, p_at timestamptz
 ) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p_period = 'fixed'
                 THEN to_timestamp(floor(extract(epoch FROM p_at) / p_window_seconds)
                                   * p_window_seconds)
@@ -121,7 +123,7 @@ $$;
 CREATE FUNCTION pgcounters.quota_window_end(
     p_period text, p_window_seconds bigint, p_time_zone text, p_start timestamptz
 ) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE p_period
            WHEN 'fixed' THEN p_start + make_interval(secs => p_window_seconds)
            WHEN 'day' THEN ((p_start AT TIME ZONE p_time_zone) + interval '1 day')
@@ -360,6 +362,9 @@ DECLARE
     v_at timestamptz := coalesce(p_at, now());
     v_id integer;
     v_log boolean;
+    v_period text;
+    v_seconds bigint;
+    v_zone text;
     v_limit bigint;
 BEGIN
     IF p_cost IS NULL OR p_cost <= 0 THEN
@@ -370,20 +375,19 @@ BEGIN
         PERFORM pgcounters._check_subject(p_subject);  -- raises PCQ06
     END IF;
 
-    SELECT q.id, q.log_calls, w.s,
-           pgcounters.quota_window_end(q.period, q.window_seconds, q.time_zone, w.s),
+    SELECT q.id, q.log_calls, q.period, q.window_seconds, q.time_zone,
            coalesce((SELECT l.calls FROM pgcounters.quota_limits AS l
                       WHERE l.quota_id = q.id AND l.subject = p_subject AND l.valid @> v_at),
                     q.default_limit, 0)
-      INTO v_id, v_log, window_start, window_end, v_limit
+      INTO v_id, v_log, v_period, v_seconds, v_zone, v_limit
       FROM pgcounters.quotas AS q
-     CROSS JOIN LATERAL (SELECT pgcounters.quota_window_start(
-                                    q.period, q.window_seconds, q.time_zone, v_at) AS s) AS w
      WHERE q.name = p_quota;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown quota %', coalesce(quote_literal(p_quota), 'NULL')
             USING ERRCODE = 'PCQ01';
     END IF;
+    window_start := pgcounters.quota_window_start(v_period, v_seconds, v_zone, v_at);
+    window_end := pgcounters.quota_window_end(v_period, v_seconds, v_zone, window_start);
 
     INSERT INTO pgcounters.quota_usage AS u
         (quota_id, subject, window_start, window_end, call_limit,
