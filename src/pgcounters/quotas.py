@@ -269,12 +269,12 @@ class Quotas:
 
     ``synchronous_commit=False`` lets a call that is a transaction of its own
     (the connection is in autocommit mode and idle) commit without waiting for
-    the WAL flush: two to three times the calls per second on the benchmark
-    machine, and a hot subject's row
-    lock is held that much shorter. The price: a crash of PostgreSQL (not of the
-    application) may forget the calls of its last moments (up to three
-    ``wal_writer_delay``, 0.6 s by default), so as many calls may be granted
-    again. Calls made inside a transaction always commit with it, as it is.
+    the WAL flush: about twice the calls per second on the benchmark machine,
+    and a hot subject's row lock is held that much shorter. The price: a crash
+    of PostgreSQL (not of the application) may forget the calls of its last
+    moments (up to three ``wal_writer_delay``, 0.6 s by default), so as many
+    calls may be granted again. Calls made inside a transaction always commit
+    with it, as it is.
 
     Like its connection, a ``Quotas`` is meant for one thread at a time.
     """
