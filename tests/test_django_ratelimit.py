@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 from django.utils.decorators import method_decorator
@@ -246,3 +247,15 @@ def test_retry_after_is_the_time_to_the_window_end(quotas: Quotas, rf: RequestFa
     left = (status.window_end - dt.datetime.now(dt.UTC)).total_seconds()
     assert refused.status_code == 429
     assert abs(int(refused["Retry-After"]) - max(math.ceil(left), 1)) <= 1
+
+
+def test_manage_py_pgcounters_quota(quotas: Quotas, capsys: pytest.CaptureFixture[str]) -> None:
+    """The quota verbs come with the shared parser: ``manage.py pgcounters quota ...``."""
+    call_command("pgcounters", "quota", "define", "api", "--limit", "1", "--window", "hour")
+    assert capsys.readouterr().out == "api: window 3600s, default limit 1\n"
+    call_command("pgcounters", "quota", "call", "api", "user:1")
+    assert capsys.readouterr().out.startswith("allowed: used 1/1")
+    with pytest.raises(CommandError) as refused:
+        call_command("pgcounters", "quota", "call", "api", "user:1")
+    assert refused.value.returncode == 4
+    assert quotas.status("api", "user:1").rejected == 1
