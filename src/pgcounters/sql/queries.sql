@@ -112,3 +112,13 @@ SELECT deltas, keys FROM pgcounters.drain_batch(%(limit)s, %(unlogged)s);
 
 -- name: pending_counts
 SELECT (SELECT count(*) FROM pgcounters.queue), (SELECT count(*) FROM pgcounters.queue_unlogged);
+
+-- name: record_flush
+SELECT pgcounters.record_flush(
+    %(flush_id)s, %(buffer)s, %(keys)s, %(total)s, %(retention)s::interval, %(keep)s::text[]);
+
+-- name: flush_recorded
+SELECT EXISTS (SELECT 1 FROM pgcounters.buffer_flushes WHERE flush_id = %(flush_id)s);
+
+-- name: flushes_recorded
+SELECT ARRAY(SELECT flush_id FROM pgcounters.buffer_flushes WHERE flush_id = ANY (%(ids)s::text[]));
