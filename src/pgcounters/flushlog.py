@@ -10,9 +10,9 @@ once (DESIGN rule 9).
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import threading
-import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,7 +34,7 @@ _INHERITED: list[psycopg.Connection[Any]] = []  # connections of a parent proces
 
 def new_flush_id() -> str:
     """A fresh flush id (32 lower-case hex digits)."""
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def check_buffer_name(name: object) -> str:

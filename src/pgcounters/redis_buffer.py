@@ -8,7 +8,8 @@ Layout in Redis (one buffer, all keys under one hash tag ``{name}``)::
     PREFIX:{NAME}:flush:<id>     the hash taken by flush <id>
     PREFIX:{NAME}:rejected       fields a flush could not apply (unknown counter, bad key)
 
-``incr`` is one ``HINCRBY`` on the pending hash. A flush:
+``incr`` is one ``HINCRBY`` on the pending hash (in a Lua script that first
+makes sure ``next`` exists). A flush:
 
 1. recovers flushes left in flight by a flusher that died (step 3 and 4 for each);
 2. **takes** the pending hash atomically (a Lua script: ``RENAME`` it to
@@ -107,6 +108,14 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
   end
 end
 return out
+"""
+
+_INCR = """
+-- KEYS: pending, next; ARGV: field, delta, id if none is set
+-- The id of the flush that will take an increment exists before the increment:
+-- a snapshot of Redis that holds the increment also holds that id.
+redis.call('SET', KEYS[2], ARGV[3], 'NX')
+return redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
 """
 
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -217,6 +226,7 @@ class RedisBuffer:
         self.inflight_key = base + ":inflight"
         self.flush_prefix = base + ":flush:"
         self.rejected_key = base + ":rejected"
+        self._incr = self.redis.register_script(_INCR)
         self._take = self.redis.register_script(_TAKE)
         self._read = self.redis.register_script(_READ)
         self.after_commit: Callable[[str], object] | None = None
@@ -249,7 +259,7 @@ class RedisBuffer:
         field = self.field(name, key)
         check_delta(delta)
         try:
-            self.redis.hincrby(self.pending_key, field, delta)
+            self._incr(keys=[self.pending_key, self.next_key], args=[field, delta, new_flush_id()])
         except _UNREACHABLE as exc:
             self._fall_back(exc, [(name, key, delta)])
         except redis.exceptions.ResponseError as exc:
@@ -265,6 +275,7 @@ class RedisBuffer:
             return
         try:
             with self.redis.pipeline(transaction=True) as pipe:
+                pipe.set(self.next_key, new_flush_id(), nx=True)
                 for field, delta in fields:
                     pipe.hincrby(self.pending_key, field, delta)
                 pipe.execute()
