@@ -492,12 +492,15 @@ def run_worker(
         backoff = 0.0
         total += result
         if result.flushes or result.skipped or result.rejected:
-            report(_describe(result))
+            report(describe(result))
         stop.wait(max(0.0, interval - (time.monotonic() - started)))
     return total
 
 
-def _describe(r: FlushResult) -> str:
+def describe(r: FlushResult) -> str:
+    """One line about a flush result."""
+    if not (r.flushes or r.skipped or r.rejected):
+        return "nothing to flush"
     text = f"flushed {r.flushes} ({r.keys} keys, total {r.total}) in {r.seconds:.3f}s"
     if r.recovered:
         text += f"; {r.recovered} recovered from an interrupted flusher"
