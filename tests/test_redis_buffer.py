@@ -385,3 +385,31 @@ def test_the_worker_stops_on_request(dsn: str, server: EmbeddedRedis, pc: Counte
         assert not worker.is_alive()
     assert pc.get("c") == 50
     assert any(line.startswith("flushed") for line in lines)
+
+
+def test_every_counter_mode_and_key_type_is_flushed(
+    buf: RedisBuffer, pc: Counters, conn: psycopg.Connection[Any]
+) -> None:
+    import datetime as dt
+    import uuid
+
+    conn.execute("CREATE TABLE article (id bigint PRIMARY KEY, views bigint NOT NULL DEFAULT 0)")
+    conn.execute("INSERT INTO article (id) VALUES (1), (2)")
+    pc.create_counter("q", key=(int, dt.date))
+    pc.create_counter("u", key=uuid.UUID, mode="unlogged")
+    pc.create_counter("d", key=str, mode="direct")
+    pc.create_column_counter("article.views", "article", "views")
+    day, who = dt.date(2026, 11, 21), uuid.uuid4()
+    buf.incr("q", (7, day), 2)
+    buf.incr("u", who, 3)
+    buf.incr("d", 'a "quoted", {odd} key', 4)
+    buf.incr("article.views", 2, 5)
+    buf.incr("q", (7, day), -2)  # nets to zero: nothing to write
+    result = buf.flush()
+    assert result.keys == 3  # the netted zero is not written
+    assert (pc.get("q", (7, day)), pc.get("u", who)) == (0, 3)
+    assert pc.get("d", 'a "quoted", {odd} key', exact=False) == 4  # direct: stored at once
+    assert pc.get("article.views", 2) == 5
+    assert pc.pending() == (1, 1)  # the queued zero was not written
+    pc.drain()
+    assert conn.execute("SELECT views FROM article WHERE id = 2").fetchone() == (5,)

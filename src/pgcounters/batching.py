@@ -1,9 +1,8 @@
 """The batching incrementer: increments buffered in the process, written in batches (S10).
 
 :class:`BatchingCounters` keeps increments in memory, netted per counter and
-key, and writes them to PostgreSQL as one transaction (through
-:meth:`Counters.incr_many`, which turns them into multi-row INSERTs into the
-queue) when
+key, and writes them to PostgreSQL as one transaction (a COPY
+into the queue, or :meth:`Counters.incr_many` for direct counters) when
 
 * ``max_pending`` increments have been buffered (the background flusher is
   woken at once; without one, the ``incr`` that fills the buffer writes it),
@@ -65,13 +64,14 @@ from pgcounters.errors import (
 from pgcounters.flushlog import (
     DEFAULT_RETENTION,
     DbLink,
+    EncodedIncrement,
     check_buffer_name,
     exact_with_flushes,
     flush_recorded,
     new_flush_id,
     write_flush,
 )
-from pgcounters.keys import BIGINT_MAX, BIGINT_MIN, check_delta, decode_key, encode_key
+from pgcounters.keys import BIGINT_MAX, BIGINT_MIN, check_delta, encode_key
 
 log = logging.getLogger("pgcounters.batching")
 
@@ -341,10 +341,10 @@ class BatchingCounters:
             self.last_error = None
             return FlushStats(len(batches), keys, increments)
 
-    def _items(self, batch: _Batch) -> list[Increment]:
+    def _items(self, batch: _Batch) -> list[EncodedIncrement]:
         return [
-            (name, decode_key(encoded, self._counters[name].key_types), delta)
-            for (name, encoded), delta in sorted(batch.deltas.items())
+            (self._counters[name], encoded, delta)
+            for (name, encoded), delta in batch.deltas.items()
             if delta != 0
         ]
 

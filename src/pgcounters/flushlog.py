@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from pgcounters.client import Counter, Counters, Increment
+from pgcounters.client import Counter, Counters, array_literal
 from pgcounters.config import connect
 from pgcounters.dberrors import translated
 from pgcounters.errors import ConfigurationError, ConnectionFailed
@@ -114,31 +114,42 @@ class DbLink:
             self._pc = None
 
 
+EncodedIncrement = tuple[Counter, tuple[str, ...], int]
+"""A validated increment: the counter, its key in canonical text form, the delta."""
+
+
 def write_flush(
     pc: Counters,
     flush_id: str,
     buffer: str,
-    items: Sequence[Increment],
+    rows: Sequence[EncodedIncrement],
     *,
     retention: dt.timedelta = DEFAULT_RETENTION,
     keep: Iterable[str] = (),
 ) -> bool:
-    """Write ``items`` and record ``flush_id`` in one transaction.
+    """Write ``rows`` and record ``flush_id`` in one transaction.
 
-    Returns False (and writes nothing) when the flush was already recorded.
-    The connection must not be inside a transaction.
+    Deltas of queued and unlogged counters are copied into their queue with
+    COPY (measured several times faster than multi-row INSERTs for big
+    flushes); direct counters go through :meth:`Counters.incr_many`. Returns
+    False (and writes nothing) when the flush was already recorded. The
+    connection must not be inside a transaction.
     """
     conn = pc.conn
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise ConfigurationError("a buffer flush must run outside a transaction")
-    total = sum(delta for _, _, delta in items)
+    total = sum(delta for _, _, delta in rows)
+    by_queue: dict[str, list[EncodedIncrement]] = {"queued": [], "unlogged": [], "direct": []}
+    for item in rows:
+        if item[2]:
+            by_queue[item[0].mode].append(item)
     with translated(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(
             query("record_flush"),
             {
                 "flush_id": flush_id,
                 "buffer": buffer,
-                "keys": len(items),
+                "keys": len(rows),
                 "total": total,
                 "retention": retention,
                 "keep": list(keep),
@@ -146,9 +157,19 @@ def write_flush(
         )
         row = cur.fetchone()
         fresh = bool(row and row[0])
-        if fresh and items:
-            pc.incr_many(items)
-    return fresh
+        if not fresh:
+            return False
+        for mode, statement in (("queued", "copy_queue"), ("unlogged", "copy_queue_unlogged")):
+            if by_queue[mode]:
+                with cur.copy(query(statement)) as copy:
+                    for counter, encoded, delta in by_queue[mode]:
+                        copy.write_row((counter.id, array_literal(encoded), delta))
+        if by_queue["direct"]:
+            pc.incr_many(
+                (c.name, decode_key(encoded, c.key_types), delta)
+                for c, encoded, delta in by_queue["direct"]
+            )
+    return True
 
 
 def flush_recorded(pc: Counters, flush_id: str) -> bool:

@@ -16,7 +16,7 @@ makes sure ``next`` exists). A flush:
    ``flush:<id>`` where ``<id>`` is the value of ``next``, store a fresh ``next``,
    add ``<id>`` to the in-flight set);
 3. **applies** it in ONE PostgreSQL transaction that writes the netted deltas
-   to the queue (``Counters.incr_many``) and records ``<id>`` in
+   to the queue (COPY; ``Counters.incr_many`` for direct counters) and records ``<id>`` in
    ``pgcounters.buffer_flushes``; an id already recorded is not applied again;
 4. **acknowledges** in Redis: deletes ``flush:<id>`` and removes ``<id>`` from
    the in-flight set (one ``MULTI``).
@@ -70,6 +70,7 @@ from pgcounters.errors import (
 from pgcounters.flushlog import (
     DEFAULT_RETENTION,
     DbLink,
+    EncodedIncrement,
     check_buffer_name,
     exact_with_flushes,
     new_flush_id,
@@ -366,8 +367,8 @@ class RedisBuffer:
             time.perf_counter() - started,
         )
 
-    def _parse(self, raw: dict[Any, Any]) -> tuple[list[Increment], dict[str, int]]:
-        items: list[Increment] = []
+    def _parse(self, raw: dict[Any, Any]) -> tuple[list[EncodedIncrement], dict[str, int]]:
+        items: list[EncodedIncrement] = []
         rejected: dict[str, int] = {}
         for raw_field, raw_value in raw.items():
             field, value = _text(raw_field), int(raw_value)
@@ -385,7 +386,7 @@ class RedisBuffer:
                 rejected[field] = value
                 continue
             if value:
-                items.append((name, key if len(key) != 1 else key[0], value))
+                items.append((counter, tuple(parts), value))
         return items, rejected
 
     def _apply(self, flush_id: str, in_doubt: list[str], *, recovered: bool) -> FlushResult:

@@ -131,3 +131,9 @@ UPDATE seed_unread_counts SET unread_count = unread_count + %s WHERE user_id = %
 
 -- name: seed_unread_values
 SELECT user_id, unread_count FROM seed_unread_counts WHERE unread_count <> 0;
+
+-- name: copy_queue
+COPY pgcounters.queue (target_id, key, delta) FROM STDIN;
+
+-- name: copy_queue_unlogged
+COPY pgcounters.queue_unlogged (target_id, key, delta) FROM STDIN;
