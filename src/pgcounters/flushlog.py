@@ -130,8 +130,9 @@ def write_flush(
     """Write ``rows`` and record ``flush_id`` in one transaction.
 
     Deltas of queued and unlogged counters are copied into their queue with
-    COPY (measured several times faster than multi-row INSERTs for big
-    flushes); direct counters go through :meth:`Counters.incr_many`. Returns
+    COPY (a flush of 2,000 keys measured twice as fast as through the
+    multi-row INSERTs of :meth:`Counters.incr_many`, which direct counters
+    still use). Returns
     False (and writes nothing) when the flush was already recorded. The
     connection must not be inside a transaction.
     """
