@@ -142,3 +142,13 @@ SELECT set_config('pgcounters.paused', %(value)s, false)
 
 -- name: get_paused
 SELECT coalesce(current_setting('pgcounters.paused', true), '')
+
+-- name: record_flush
+SELECT pgcounters.record_flush(
+    %(flush_id)s, %(buffer)s, %(keys)s, %(total)s, %(retention)s::interval, %(keep)s::text[]);
+
+-- name: flush_recorded
+SELECT EXISTS (SELECT 1 FROM pgcounters.buffer_flushes WHERE flush_id = %(flush_id)s);
+
+-- name: flushes_recorded
+SELECT ARRAY(SELECT flush_id FROM pgcounters.buffer_flushes WHERE flush_id = ANY (%(ids)s::text[]));
