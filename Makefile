@@ -25,8 +25,8 @@ test: check pytest
 check: lint typecheck
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff format --check src tests examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

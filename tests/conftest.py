@@ -104,3 +104,20 @@ def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
 @pytest.fixture
 def pc(conn: psycopg.Connection[Any]) -> Counters:
     return Counters(conn)
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(server_dsn: str) -> None:
+    """Django tests use the session's PostgreSQL server (pytest-django creates test_blog)."""
+    from django.conf import settings
+
+    params = conninfo_to_dict(server_dsn)
+    settings.DATABASES["default"].update(
+        {
+            "HOST": params.get("host", ""),
+            "PORT": str(params.get("port", "")),
+            "USER": params.get("user", ""),
+            "PASSWORD": params.get("password", ""),
+            "NAME": "blog",
+        }
+    )

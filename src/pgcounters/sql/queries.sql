@@ -113,6 +113,36 @@ SELECT deltas, keys FROM pgcounters.drain_batch(%(limit)s, %(unlogged)s);
 -- name: pending_counts
 SELECT (SELECT count(*) FROM pgcounters.queue), (SELECT count(*) FROM pgcounters.queue_unlogged);
 
+-- name: counter_triggers
+-- Triggers compiled by pgcounters, whatever delivered them: their function
+-- source carries a marker line with the spec name and fingerprint.
+SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D', p.prosrc
+  FROM pg_trigger t
+  JOIN pg_class c ON c.oid = t.tgrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_proc p ON p.oid = t.tgfoid
+ WHERE NOT t.tgisinternal
+   AND p.prosrc LIKE '%-- pgcounters spec fingerprint=%'
+ ORDER BY 1, 2, 3
+
+-- name: record_spec
+INSERT INTO pgcounters.specs (name, fingerprint, definition)
+VALUES (%(name)s, %(fingerprint)s, %(definition)s)
+ON CONFLICT (name) DO UPDATE
+   SET fingerprint = excluded.fingerprint, definition = excluded.definition, updated_at = now()
+
+-- name: forget_spec
+DELETE FROM pgcounters.specs WHERE name = %(name)s
+
+-- name: declared_specs
+SELECT definition FROM pgcounters.specs ORDER BY name
+
+-- name: set_paused
+SELECT set_config('pgcounters.paused', %(value)s, false)
+
+-- name: get_paused
+SELECT coalesce(current_setting('pgcounters.paused', true), '')
+
 -- name: record_flush
 SELECT pgcounters.record_flush(
     %(flush_id)s, %(buffer)s, %(keys)s, %(total)s, %(retention)s::interval, %(keep)s::text[]);

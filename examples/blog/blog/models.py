@@ -1,0 +1,60 @@
+"""The seeds' blog: users, articles, comments with a publish status, notifications.
+
+Every counter below is kept by statement-level triggers, whatever writes the
+rows: ``save``, ``bulk_create``, ``QuerySet.update``/``delete``, raw SQL, COPY.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from pgcounters.contrib.django import CountField, SumField, register_counter
+
+PUBLIC = Q(publish_status="public")
+
+
+class User(models.Model):
+    username = models.CharField(max_length=150)
+    # seed 000/001: public comments per user
+    public_comments = CountField("comments", filter=PUBLIC)
+    # seed 003: unread notifications per user
+    unread_notifications = CountField("notifications", filter=Q(read=False))
+
+    def __str__(self) -> str:
+        return self.username
+
+
+class Article(models.Model):
+    title = models.CharField(max_length=200, default="")
+    # seed 000/001: public comments per article
+    public_comments = CountField("comments", filter=PUBLIC)
+    # a sum: the total score of the article's public comments
+    public_score = SumField("comments", "score", filter=PUBLIC)
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class Comment(models.Model):
+    creator = models.ForeignKey(User, related_name="comments", on_delete=models.CASCADE)
+    article = models.ForeignKey(
+        Article, related_name="comments", on_delete=models.CASCADE, null=True
+    )
+    message = models.TextField(default="")
+    publish_status = models.CharField(
+        max_length=100,
+        choices=[("public", "Public"), ("private", "Private")],
+        default="private",
+    )
+    score = models.IntegerField(default=0)
+
+
+class Notification(models.Model):
+    user = models.ForeignKey(User, related_name="notifications", on_delete=models.CASCADE)
+    message = models.TextField(default="")
+    read = models.BooleanField(default=False)
+
+
+# a global counter (S3): the number of users
+register_counter("blog.users.total", User)

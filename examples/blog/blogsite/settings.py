@@ -1,0 +1,65 @@
+"""Settings of the blog example (seeds 000, 001 and 003).
+
+The database comes from ``PGCOUNTERS_DSN`` (or ``DATABASE_URL``), a libpq
+connection string or URL.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from psycopg.conninfo import conninfo_to_dict
+
+SECRET_KEY = "example-only-not-secret"
+DEBUG = True
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+ROOT_URLCONF = "blogsite.urls"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "pgtrigger",
+    "pgcounters.contrib.django",
+    "blog",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+
+def _database() -> dict[str, Any]:
+    dsn = os.environ.get("PGCOUNTERS_DSN") or os.environ.get("DATABASE_URL") or ""
+    params = conninfo_to_dict(dsn) if dsn else {}
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": params.get("dbname", "blog"),
+        "USER": params.get("user", ""),
+        "PASSWORD": params.get("password", ""),
+        "HOST": params.get("host", "127.0.0.1"),
+        "PORT": params.get("port", ""),
+    }
+
+
+DATABASES = {"default": _database()}

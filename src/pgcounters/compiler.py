@@ -1,0 +1,293 @@
+"""The trigger compiler: counter specs in, trigger SQL out, no database needed.
+
+For each spec it emits four statement-level AFTER triggers on the source table:
+
+* INSERT (``REFERENCING NEW TABLE``): +contribution of each new row, one delta
+  per key for the whole statement;
+* UPDATE (``OLD TABLE`` and ``NEW TABLE``): -contribution of the old rows,
+  +contribution of the new rows, netted per key (DESIGN rule 6): condition
+  flips, moves to another parent, changed summed values and NULL keys all
+  follow from this one rule, and a key whose net change is zero gets no delta;
+* DELETE (``OLD TABLE``): -contribution of each deleted row;
+* TRUNCATE: every count from the table is zero: pending deltas of the counter
+  are dropped and its stored values set to zero (``pgcounters.reset_target``).
+
+A row contributes 1 (or its summed value) to the key formed by its key
+columns if it satisfies the condition and no key part is NULL. In ``queued``
+and ``unlogged`` mode the deltas are INSERTed into a queue (no lock on a
+counter row); in ``direct`` mode they are applied at once, in key order.
+
+Every function body starts with a marker line carrying the spec's name and
+fingerprint, so installed-vs-declared drift is detectable from the catalog
+whatever delivered the trigger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from psycopg import sql
+
+from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, KeyExpr
+
+Event: TypeAlias = Literal["insert", "update", "delete", "truncate"]
+EVENTS: tuple[Event, ...] = ("insert", "update", "delete", "truncate")
+_SUFFIX: dict[Event, str] = {"insert": "ins", "update": "upd", "delete": "del", "truncate": "trn"}
+OLD_TABLE = "pgc_old"
+NEW_TABLE = "pgc_new"
+MARKER_RE = re.compile(
+    r"-- pgcounters spec fingerprint=(?P<fingerprint>\w+) event=(?P<event>\w+) name=(?P<name>\S+)"
+)
+
+
+@dataclass(frozen=True)
+class CompiledTrigger:
+    """One trigger of a spec: its name, event, transition tables and PL/pgSQL body."""
+
+    spec_name: str
+    event: Event
+    name: str
+    declare: tuple[tuple[str, str], ...]
+    body: str
+
+    @property
+    def old_table(self) -> str | None:
+        return OLD_TABLE if self.event in ("update", "delete") else None
+
+    @property
+    def new_table(self) -> str | None:
+        return NEW_TABLE if self.event in ("insert", "update") else None
+
+    def function_source(self) -> str:
+        """The complete PL/pgSQL source: DECLARE ... BEGIN body END."""
+        declare = "".join(f"    {name} {type_};\n" for name, type_ in self.declare)
+        return (f"DECLARE\n{declare}" if declare else "") + f"BEGIN\n{self.body}END;\n"
+
+
+@dataclass(frozen=True)
+class CompiledSpec:
+    """Everything the database needs for one spec."""
+
+    spec: CounterSpec
+    triggers: tuple[CompiledTrigger, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.spec.fingerprint
+
+    def install_sql(self) -> sql.Composed:
+        """CREATE OR REPLACE the functions and triggers (PostgreSQL 14+); safe to re-run."""
+        source = self.spec.source.identifier()
+        statements: list[sql.Composable] = []
+        for trigger in self.triggers:
+            function = sql.Identifier("pgcounters", trigger.name)
+            referencing: list[sql.Composable] = []
+            if trigger.old_table:
+                referencing.append(sql.SQL("OLD TABLE AS {}").format(sql.Identifier(OLD_TABLE)))
+            if trigger.new_table:
+                referencing.append(sql.SQL("NEW TABLE AS {}").format(sql.Identifier(NEW_TABLE)))
+            statements += [
+                sql.SQL(
+                    "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS {}"
+                ).format(function, sql.Literal(trigger.function_source())),
+                sql.SQL(
+                    "CREATE OR REPLACE TRIGGER {} AFTER {} ON {} {} FOR EACH STATEMENT "
+                    "EXECUTE FUNCTION {}()"
+                ).format(
+                    sql.Identifier(trigger.name),
+                    sql.SQL(trigger.event.upper()),
+                    source,
+                    sql.SQL("REFERENCING ") + sql.SQL(" ").join(referencing)
+                    if referencing
+                    else sql.SQL(""),
+                    function,
+                ),
+                sql.SQL("COMMENT ON TRIGGER {} ON {} IS {}").format(
+                    sql.Identifier(trigger.name),
+                    source,
+                    sql.Literal(f"pgcounters {self.spec.name} {self.fingerprint}"),
+                ),
+            ]
+        return sql.SQL(";\n").join(statements) + sql.SQL(";\n")
+
+    def uninstall_sql(self) -> sql.Composed:
+        """DROP the triggers and their functions (IF EXISTS)."""
+        statements: list[sql.Composable] = []
+        for trigger in self.triggers:
+            statements += [
+                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                    sql.Identifier(trigger.name), self.spec.source.identifier()
+                ),
+                sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
+                    sql.Identifier("pgcounters", trigger.name)
+                ),
+            ]
+        return sql.SQL(";\n").join(statements) + sql.SQL(";\n")
+
+
+def trigger_name(spec_name: str, event: Event) -> str:
+    """A deterministic trigger name of at most 45 characters (fits django-pgtrigger too)."""
+    slug = re.sub(r"[^a-z0-9]+", "_", spec_name.lower()).strip("_")[:30]
+    digest = hashlib.sha256(spec_name.encode()).hexdigest()[:6]
+    return f"pgc_{slug}_{digest}_{_SUFFIX[event]}"
+
+
+# -- pieces ------------------------------------------------------------------
+
+
+def _expr(value: KeyExpr) -> sql.Composable:
+    if isinstance(value, Fragment):
+        return sql.SQL("({})").format(value.composed())
+    return sql.Identifier(value)
+
+
+def _text_key(spec: CounterSpec) -> sql.Composable:
+    """The key as the canonical text[] that the queue and the counters table store."""
+    if not spec.keys:
+        return sql.SQL("'{}'::text[]")
+    return sql.SQL("ARRAY[{}]::text[]").format(
+        sql.SQL(", ").join(sql.SQL("({})::text").format(_expr(k)) for k in spec.keys)
+    )
+
+
+def _typed_key(spec: CounterSpec) -> sql.Composable:
+    """The key of a column target, in the parent key column's type."""
+    assert isinstance(spec.target, ColumnTarget)
+    return sql.SQL("({})::{}").format(_expr(spec.keys[0]), sql.SQL(spec.target.key_type))
+
+
+def row_filter(spec: CounterSpec) -> sql.Composable:
+    """The condition under which a source row counts: ``where`` and no NULL key part."""
+    parts: list[sql.Composable] = []
+    if spec.where is not None:
+        parts.append(sql.SQL("({})").format(spec.where.composed()))
+    parts += [sql.SQL("({}) IS NOT NULL").format(_expr(k)) for k in spec.keys]
+    return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
+
+
+def _aggregate(spec: CounterSpec) -> sql.Composable:
+    if spec.sum is None:
+        return sql.SQL("count(*)")
+    return sql.SQL("coalesce(sum({}), 0)").format(_expr(spec.sum))
+
+
+def contributions(
+    spec: CounterSpec,
+    relation: sql.Composable,
+    *,
+    typed: bool = False,
+    negate: bool = False,
+    extra: sql.Composable | None = None,
+) -> sql.Composed:
+    """``SELECT key, delta`` of the rows of ``relation`` (aliased as the source table)."""
+    where = row_filter(spec)
+    if extra is not None:
+        where = sql.SQL("{} AND ({})").format(where, extra)
+    return sql.SQL(
+        "SELECT {key} AS key, {sign}{agg}::bigint AS delta FROM {relation} AS {alias} "
+        "WHERE {where} GROUP BY 1"
+    ).format(
+        key=_typed_key(spec) if typed else _text_key(spec),
+        sign=sql.SQL("-") if negate else sql.SQL(""),
+        agg=_aggregate(spec),
+        relation=relation,
+        alias=sql.Identifier(spec.source.name),
+        where=where,
+    )
+
+
+def truth_query(spec: CounterSpec, extra: sql.Composable | None = None) -> sql.Composed:
+    """The S1 truth: ``SELECT key, value`` counted from the source table itself."""
+    return contributions(spec, spec.source.identifier(), extra=extra)
+
+
+def ensure_target_call(spec: CounterSpec) -> sql.Composed:
+    t = spec.target
+    args: list[sql.Composable] = [
+        sql.Literal(spec.name),
+        sql.SQL("{}::text[]").format(sql.Literal("{" + ",".join(spec.key_types) + "}")),
+        sql.Literal(spec.mode),
+    ]
+    if isinstance(t, ColumnTarget):
+        args += [sql.Literal(v) for v in (t.table.schema, t.table.name, t.column, t.key_column)]
+    return sql.SQL("pgcounters.ensure_target({})").format(sql.SQL(", ").join(args))
+
+
+def _net(spec: CounterSpec, event: Event, *, typed: bool) -> sql.Composed:
+    """``SELECT key, delta`` of the statement's net change per key, zero deltas left out."""
+    old = sql.Identifier(OLD_TABLE)
+    new = sql.Identifier(NEW_TABLE)
+    if event == "insert":
+        inner = contributions(spec, new, typed=typed)
+    elif event == "delete":
+        inner = contributions(spec, old, typed=typed, negate=True)
+    else:
+        both = sql.SQL("{} UNION ALL {}").format(
+            contributions(spec, old, typed=typed, negate=True),
+            contributions(spec, new, typed=typed),
+        )
+        inner = sql.SQL(
+            "SELECT c.key, sum(c.delta)::bigint AS delta FROM ({}) AS c GROUP BY 1"
+        ).format(both)
+    return sql.SQL("SELECT d.key, d.delta FROM ({}) AS d WHERE d.delta <> 0").format(inner)
+
+
+def _apply(spec: CounterSpec, event: Event) -> tuple[list[tuple[str, str]], sql.Composed]:
+    """The statements that record the net change, by mode and target kind."""
+    if spec.mode != "direct":
+        queue = "queue" if spec.mode == "queued" else "queue_unlogged"
+        return [], sql.SQL(
+            "INSERT INTO {} (target_id, key, delta)\n"
+            "    SELECT _pgc_target, n.key, n.delta FROM ({}) AS n;\n"
+        ).format(sql.Identifier("pgcounters", queue), _net(spec, event, typed=False))
+    if not isinstance(spec.target, ColumnTarget):
+        return [], sql.SQL(
+            "INSERT INTO pgcounters.counters AS c (target_id, key, value)\n"
+            "    SELECT _pgc_target, n.key, n.delta FROM ({}) AS n ORDER BY n.key\n"
+            "    ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value;\n"
+        ).format(_net(spec, event, typed=False))
+    t = spec.target
+    parent = t.table.identifier()
+    key_col, col = sql.Identifier(t.key_column), sql.Identifier(t.column)
+    declare = [("_pgc_keys", f"{t.key_type}[]"), ("_pgc_deltas", "bigint[]")]
+    body = sql.SQL(
+        "SELECT array_agg(n.key ORDER BY n.key), array_agg(n.delta ORDER BY n.key)\n"
+        "      INTO _pgc_keys, _pgc_deltas FROM ({net}) AS n;\n"
+        "    IF _pgc_keys IS NOT NULL THEN\n"
+        "        -- lock the parent rows in key order, as the drain does: no deadlock\n"
+        "        PERFORM 1 FROM {parent} AS x WHERE x.{key_col} = ANY (_pgc_keys)\n"
+        "          ORDER BY x.{key_col} FOR NO KEY UPDATE;\n"
+        "        UPDATE {parent} AS x SET {col} = coalesce(x.{col}, 0) + u.delta\n"
+        "          FROM unnest(_pgc_keys, _pgc_deltas) AS u(key, delta)\n"
+        "         WHERE x.{key_col} = u.key;\n"
+        "    END IF;\n"
+    ).format(net=_net(spec, event, typed=True), parent=parent, key_col=key_col, col=col)
+    return declare, body
+
+
+def compile_trigger(spec: CounterSpec, event: Event) -> CompiledTrigger:
+    marker = (
+        f"    -- pgcounters spec fingerprint={spec.fingerprint} event={event} name={spec.name}\n"
+    )
+    paused = sql.SQL(
+        "    IF pgcounters.is_paused({}) THEN\n        RETURN NULL;\n    END IF;\n"
+    ).format(sql.Literal(spec.name))
+    declare: list[tuple[str, str]] = []
+    if event == "truncate":
+        body = sql.SQL("    PERFORM pgcounters.reset_target({});\n").format(
+            ensure_target_call(spec)
+        )
+    else:
+        extra, apply = _apply(spec, event)
+        declare += [("_pgc_target", "integer"), *extra]
+        body = sql.SQL("    _pgc_target := {};\n    {}").format(ensure_target_call(spec), apply)
+    text = marker + paused.as_string() + body.as_string() + "    RETURN NULL;\n"
+    return CompiledTrigger(spec.name, event, trigger_name(spec.name, event), tuple(declare), text)
+
+
+def compile_spec(spec: CounterSpec) -> CompiledSpec:
+    """Compile a spec into its four triggers."""
+    return CompiledSpec(spec, tuple(compile_trigger(spec, event) for event in EVENTS))

@@ -1,0 +1,14 @@
+"""pgcounters for Django: counters declared on models, kept by statement-level triggers.
+
+Add ``"pgtrigger"`` and ``"pgcounters.contrib.django"`` to ``INSTALLED_APPS``.
+"""
+
+from pgcounters.contrib.django.declarations import (
+    CountField,
+    NamedCounter,
+    SumField,
+    declared_counters,
+    register_counter,
+)
+
+__all__ = ["CountField", "NamedCounter", "SumField", "declared_counters", "register_counter"]

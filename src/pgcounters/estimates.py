@@ -1,0 +1,56 @@
+"""Estimated counts from planner statistics (S14), where exactness is not needed.
+
+``count(*)`` of a big table reads all of it. The planner keeps an estimate:
+``reltuples`` of the table scaled to its current size (what the planner
+itself does), or the row estimate of any query's plan.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from pgcounters.dberrors import translated
+from pgcounters.errors import InvalidCounterDefinition
+from pgcounters.specs import Table
+
+
+def estimate_table(conn: psycopg.Connection[Any], table: Table | str) -> int:
+    """Estimated rows of a table: ``reltuples / relpages`` times its current pages.
+
+    Before the first ANALYZE / VACUUM (``reltuples = -1``) the estimate is 0.
+    """
+    t = Table.of(table)
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            "SELECT CASE WHEN c.reltuples < 0 THEN 0"
+            " WHEN c.relpages = 0 THEN c.reltuples"
+            " ELSE c.reltuples / c.relpages * (pg_relation_size(c.oid)"
+            " / current_setting('block_size')::int) END"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s",
+            (t.schema, t.name),
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise InvalidCounterDefinition(f"no table {t}")
+    return max(0, round(float(row[0])))
+
+
+def estimate_query(
+    conn: psycopg.Connection[Any], query: str | sql.Composable, params: Any = None
+) -> int:
+    """The planner's estimate of the rows a query returns (``EXPLAIN``, nothing is run)."""
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        stmt = sql.SQL("EXPLAIN (FORMAT JSON) {}").format(
+            query if isinstance(query, sql.Composable) else sql.SQL(query)
+        )
+        cur.execute(stmt, params)
+        row = cur.fetchone()
+    assert row is not None
+    plan = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return int(plan[0]["Plan"]["Plan Rows"])

@@ -1,0 +1,461 @@
+"""Verify counters against the truth, and recount them while writes go on.
+
+The truth is the S1 subquery compiled from the counter's spec: counting the
+source table itself. ``verify`` compares it with the exact value (stored +
+pending) from one snapshot. ``recount`` repairs values in batches of keys, one
+transaction per batch, while writers and drainers keep running (DESIGN rule 5):
+
+1. lock the batch's counter rows (parent rows, or rows of
+   ``pgcounters.counters``, created first when missing) in key order, so no
+   drainer can apply to them until the batch commits;
+2. in a later statement (a new snapshot that sees every drain that committed
+   before the locks were granted) compute truth and pending deltas from that one
+   snapshot and set ``stored = truth - pending``.
+
+A delta a drainer claimed but has not committed is still pending in that
+snapshot; when the drainer applies it after the batch commits, stored + pending
+equals the truth again. Progress is recorded per batch in
+``pgcounters.recounts``, so an interrupted recount resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from pgcounters.compiler import ensure_target_call, truth_query
+from pgcounters.dberrors import translated
+from pgcounters.errors import InvalidCounterDefinition
+from pgcounters.keys import decode_key
+from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
+from pgcounters.triggers import spec as recorded_spec
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    key: tuple[Any, ...]
+    expected: int  # the truth
+    actual: int  # stored + pending
+
+
+@dataclass
+class VerifyResult:
+    name: str
+    keys_checked: int
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+@dataclass
+class RecountResult:
+    name: str
+    keys_done: int = 0
+    keys_fixed: int = 0
+    batches: int = 0
+    resumed: bool = False
+
+
+def _resolve(conn: psycopg.Connection[Any], counter: CounterSpec | str) -> CounterSpec:
+    if isinstance(counter, CounterSpec):
+        return counter
+    return recorded_spec(conn, counter)
+
+
+def _target_id(conn: psycopg.Connection[Any], spec: CounterSpec) -> int:
+    row = conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec))).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _key_expr(spec: CounterSpec, part: int = 0) -> sql.Composable:
+    key = spec.keys[part]
+    if isinstance(key, Fragment):
+        return sql.SQL("({})").format(key.composed())
+    return sql.Identifier(key)
+
+
+def _typed_array(values: Sequence[Any], key_type: str) -> sql.Composable:
+    """A literal array of key values, cast to the key type (values quoted by psycopg)."""
+    return sql.SQL("{}::{}[]").format(sql.Literal([str(v) for v in values]), sql.SQL(key_type))
+
+
+def _text_keys(keys: Sequence[Sequence[Any]]) -> sql.Composable:
+    """A set of text[] keys as a subquery (keys of any length, the global key included)."""
+    return sql.SQL(
+        "SELECT ARRAY(SELECT jsonb_array_elements_text(e))::text[] FROM jsonb_array_elements({}) e"
+    ).format(sql.Literal(json.dumps([[str(p) for p in k] for k in keys])))
+
+
+def _pending(target: int, keys: sql.Composable | None = None) -> sql.Composed:
+    """``SELECT key, delta``: pending deltas of a target per key (optionally of some keys)."""
+    where = sql.SQL("target_id = {}").format(sql.Literal(target))
+    if keys is not None:
+        where = sql.SQL("{} AND key IN ({})").format(where, keys)
+    return sql.SQL(
+        "SELECT key, sum(delta)::bigint AS delta FROM ("
+        "SELECT key, delta FROM pgcounters.queue WHERE {w} UNION ALL "
+        "SELECT key, delta FROM pgcounters.queue_unlogged WHERE {w}) AS q GROUP BY key"
+    ).format(w=where)
+
+
+# -- verify --------------------------------------------------------------------
+
+
+def verify(
+    conn: psycopg.Connection[Any], counter: CounterSpec | str, *, sample: int | None = None
+) -> VerifyResult:
+    """Compare exact values (stored + pending) with the truth, from one snapshot.
+
+    ``sample``: check only that many randomly chosen keys (of the parent table
+    for a column counter, of all known keys for a named counter).
+    """
+    if sample is not None and sample < 1:
+        raise InvalidCounterDefinition(f"sample must be a positive number of keys, got {sample}")
+    with translated():
+        spec = _resolve(conn, counter)
+        target = _target_id(conn, spec)
+        if isinstance(spec.target, ColumnTarget):
+            stmt = _verify_column(spec, target, sample)
+        else:
+            stmt = _verify_named(spec, target, sample)
+        with conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(stmt)
+            rows = cur.fetchall()
+    checked = 0
+    mismatches: list[Mismatch] = []
+    for key, actual, expected in rows:
+        if key is None:  # the summary row
+            checked = int(actual)
+            continue
+        mismatches.append(Mismatch(decode_key(key, spec.key_types), int(expected), int(actual)))
+    return VerifyResult(spec.name, checked, mismatches)
+
+
+_COMPARE = """
+    SELECT key, actual, expected FROM compared WHERE actual <> expected
+    UNION ALL
+    SELECT NULL, count(*), 0 FROM compared
+"""
+
+
+def _verify_column(spec: CounterSpec, target: int, sample: int | None) -> sql.Composed:
+    t = spec.target
+    assert isinstance(t, ColumnTarget)
+    parent, k, c = t.table.identifier(), sql.Identifier(t.key_column), sql.Identifier(t.column)
+    keys: sql.Composable
+    if sample is None:
+        keys = sql.SQL("SELECT {k} AS k FROM {p}").format(k=k, p=parent)
+        truth = truth_query(spec)
+    else:
+        keys = sql.SQL("SELECT {k} AS k FROM {p} ORDER BY random() LIMIT {n}").format(
+            k=k, p=parent, n=sql.Literal(sample)
+        )
+        truth = truth_query(spec, sql.SQL("{} IN (SELECT k FROM keys)").format(_key_expr(spec)))
+    return sql.SQL(
+        "WITH keys AS MATERIALIZED ({keys}), truth AS ({truth}), pending AS ({pending}),"
+        " compared AS ("
+        " SELECT ARRAY[(x.{k})::text] AS key,"
+        " coalesce(x.{c}, 0) + coalesce(p.delta, 0) AS actual,"
+        " coalesce(t.delta, 0) AS expected"
+        " FROM {p} AS x JOIN keys ON keys.k = x.{k}"
+        " LEFT JOIN truth AS t ON t.key = ARRAY[(x.{k})::text]"
+        " LEFT JOIN pending AS p ON p.key = ARRAY[(x.{k})::text]) {compare}"
+    ).format(
+        keys=keys,
+        truth=truth,
+        pending=_pending(target),
+        k=k,
+        c=c,
+        p=parent,
+        compare=sql.SQL(_COMPARE),
+    )
+
+
+def _verify_named(spec: CounterSpec, target: int, sample: int | None) -> sql.Composed:
+    limit: sql.Composable = sql.SQL("")
+    if sample is not None:
+        limit = sql.SQL("ORDER BY random() LIMIT {}").format(sql.Literal(sample))
+    return sql.SQL(
+        "WITH truth AS ({truth}),"
+        " stored AS (SELECT key, value FROM pgcounters.counters WHERE target_id = {target}),"
+        " pending AS ({pending}),"
+        " keys AS MATERIALIZED (SELECT key FROM (SELECT key FROM truth UNION"
+        " SELECT key FROM stored UNION SELECT key FROM pending) AS u {limit}),"
+        " compared AS ("
+        " SELECT k.key, coalesce(s.value, 0) + coalesce(p.delta, 0) AS actual,"
+        " coalesce(t.delta, 0) AS expected"
+        " FROM keys AS k LEFT JOIN truth AS t ON t.key = k.key"
+        " LEFT JOIN stored AS s ON s.key = k.key LEFT JOIN pending AS p ON p.key = k.key)"
+        " {compare}"
+    ).format(
+        compare=sql.SQL(_COMPARE),
+        truth=truth_query(spec),
+        target=sql.Literal(target),
+        pending=_pending(target),
+        limit=limit,
+    )
+
+
+# -- recount -------------------------------------------------------------------
+
+
+def recount(
+    conn: psycopg.Connection[Any],
+    counter: CounterSpec | str,
+    *,
+    batch_size: int = 1000,
+    resume: bool = True,
+    key_range: tuple[Any, Any] | None = None,
+    progress: Progress | None = None,
+) -> RecountResult:
+    """Set every value of a counter to the truth, in batches, while writes continue.
+
+    ``key_range``: only keys (the parent key of a column counter, the first key
+    part of a named counter) in ``[low, high]``. ``resume``: continue an
+    unfinished recount of the same counter from its last committed batch.
+    ``progress`` is called with the number of keys done after each batch.
+    The connection must not be in a transaction (each batch commits).
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidCounterDefinition(f"batch size must be a positive integer, got {batch_size}")
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise psycopg.ProgrammingError("recount commits per batch: call it outside a transaction")
+    with translated():
+        spec = _resolve(conn, counter)
+        with conn.transaction():
+            target = _target_id(conn, spec)
+        result = RecountResult(spec.name)
+        cursor = _start(conn, spec.name, resume, result)
+        column = isinstance(spec.target, ColumnTarget)
+        batches = (
+            _column_batches(conn, spec, cursor, batch_size, key_range)
+            if column
+            else _named_batches(conn, spec, target, cursor, batch_size, key_range)
+        )
+        for keys in batches:
+            with conn.transaction():
+                if column:
+                    fixed = _recount_column(conn, spec, target, keys)
+                    last = [str(keys[-1])]
+                else:
+                    fixed = _recount_named(conn, spec, target, keys)
+                    last = list(keys[-1])
+                result.keys_done += len(keys)
+                result.keys_fixed += fixed
+                result.batches += 1
+                conn.execute(
+                    "UPDATE pgcounters.recounts SET cursor_key = %s, keys_done = keys_done + %s,"
+                    " keys_fixed = keys_fixed + %s, updated_at = now() WHERE name = %s",
+                    (last, len(keys), fixed, spec.name),
+                )
+            if progress is not None:
+                progress(len(keys))
+        with conn.transaction():
+            conn.execute(
+                "UPDATE pgcounters.recounts SET finished_at = now() WHERE name = %s", (spec.name,)
+            )
+    return result
+
+
+def _start(
+    conn: psycopg.Connection[Any], name: str, resume: bool, result: RecountResult
+) -> list[str] | None:
+    """The cursor to resume from (None: from the start); records the recount."""
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT cursor_key, finished_at IS NULL FROM pgcounters.recounts WHERE name = %s",
+            (name,),
+        ).fetchone()
+        if resume and row is not None and row[1] and row[0] is not None:
+            result.resumed = True
+            return list(row[0])
+        conn.execute(
+            "INSERT INTO pgcounters.recounts (name) VALUES (%s) ON CONFLICT (name) DO UPDATE"
+            " SET cursor_key = NULL, keys_done = 0, keys_fixed = 0, started_at = now(),"
+            " updated_at = now(), finished_at = NULL",
+            (name,),
+        )
+    return None
+
+
+def _range_filter(
+    column: sql.Composable, key_type: str, last: str | None, key_range: tuple[Any, Any] | None
+) -> sql.Composable:
+    conds: list[sql.Composable] = []
+    cast = sql.SQL(key_type)
+    if last is not None:
+        conds.append(sql.SQL("{} > {}::{}").format(column, sql.Literal(last), cast))
+    if key_range is not None:
+        conds.append(
+            sql.SQL("{} BETWEEN {}::{} AND {}::{}").format(
+                column, sql.Literal(str(key_range[0])), cast, sql.Literal(str(key_range[1])), cast
+            )
+        )
+    return sql.SQL(" AND ").join(conds) if conds else sql.SQL("true")
+
+
+def _column_batches(
+    conn: psycopg.Connection[Any],
+    spec: CounterSpec,
+    cursor: list[str] | None,
+    batch_size: int,
+    key_range: tuple[Any, Any] | None,
+) -> Iterator[list[Any]]:
+    """Parent keys in key order, a batch at a time (read afresh before each batch)."""
+    t = spec.target
+    assert isinstance(t, ColumnTarget)
+    k = sql.Identifier(t.key_column)
+    last: str | None = cursor[0] if cursor else None
+    while True:
+        with conn.transaction():
+            rows = conn.execute(
+                sql.SQL("SELECT {k} FROM {p} WHERE {w} ORDER BY {k} LIMIT {n}").format(
+                    k=k,
+                    p=t.table.identifier(),
+                    w=_range_filter(k, t.key_type, last, key_range),
+                    n=sql.Literal(batch_size),
+                )
+            ).fetchall()
+        if not rows:
+            return
+        keys = [r[0] for r in rows]
+        yield keys
+        last = str(keys[-1])
+
+
+def _recount_column(
+    conn: psycopg.Connection[Any], spec: CounterSpec, target: int, keys: Sequence[Any]
+) -> int:
+    t = spec.target
+    assert isinstance(t, ColumnTarget)
+    parent, k, c = t.table.identifier(), sql.Identifier(t.key_column), sql.Identifier(t.column)
+    wanted = _typed_array(keys, t.key_type)
+    # 1. lock the counter rows, in key order
+    conn.execute(
+        sql.SQL("SELECT 1 FROM {p} WHERE {k} = ANY ({keys}) ORDER BY {k} FOR NO KEY UPDATE").format(
+            p=parent, k=k, keys=wanted
+        )
+    )
+    # 2. truth and pending from one snapshot: stored = truth - pending
+    truth = truth_query(spec, sql.SQL("{} = ANY ({})").format(_key_expr(spec), wanted))
+    text_keys = sql.SQL("SELECT ARRAY[u::text] FROM unnest({}) AS u").format(wanted)
+    cur = conn.execute(
+        sql.SQL(
+            "WITH truth AS ({truth}), pending AS ({pending}),"
+            " wanted AS (SELECT x.{k} AS k, coalesce(t.delta, 0) - coalesce(p.delta, 0) AS value"
+            " FROM {p} AS x"
+            " LEFT JOIN truth AS t ON t.key = ARRAY[(x.{k})::text]"
+            " LEFT JOIN pending AS p ON p.key = ARRAY[(x.{k})::text]"
+            " WHERE x.{k} = ANY ({keys}))"
+            " UPDATE {p} AS x SET {c} = w.value FROM wanted AS w"
+            " WHERE x.{k} = w.k AND x.{c} IS DISTINCT FROM w.value"
+        ).format(
+            truth=truth,
+            pending=_pending(target, text_keys),
+            k=k,
+            c=c,
+            p=parent,
+            keys=wanted,
+        )
+    )
+    return max(cur.rowcount, 0)
+
+
+def _named_batches(
+    conn: psycopg.Connection[Any],
+    spec: CounterSpec,
+    target: int,
+    cursor: list[str] | None,
+    batch_size: int,
+    key_range: tuple[Any, Any] | None,
+) -> Iterator[list[list[str]]]:
+    """Keys known now (truth, stored or pending), in key order, a batch at a time.
+
+    Keys that appear later had no count before: the queue brings them in.
+    """
+    first = (
+        _range_filter(_key_expr(spec), spec.key_types[0], None, key_range)
+        if (key_range is not None and spec.keys)
+        else None
+    )
+    with conn.transaction():
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT key FROM ({truth}) AS t UNION"
+                " SELECT key FROM pgcounters.counters WHERE target_id = {target} UNION"
+                " SELECT key FROM ({pending}) AS p ORDER BY 1"
+            ).format(
+                truth=truth_query(spec, first),
+                target=sql.Literal(target),
+                pending=_pending(target),
+            )
+        ).fetchall()
+    keys: list[list[str]] = [list(r[0]) for r in rows]
+    if key_range is not None and spec.keys:
+        low, high = str(key_range[0]), str(key_range[1])
+        keys = [key for key in keys if _in_range(spec, key[0], low, high)]
+    if cursor is not None:
+        keys = [key for key in keys if key > cursor]
+    for i in range(0, len(keys), batch_size):
+        yield keys[i : i + batch_size]
+
+
+def _in_range(spec: CounterSpec, part: str, low: str, high: str) -> bool:
+    types = spec.key_types[:1]
+    value, bottom, top = (decode_key([v], types)[0] for v in (part, low, high))
+    return bool(bottom <= value <= top)  # type: ignore[operator]
+
+
+def _recount_named(
+    conn: psycopg.Connection[Any], spec: CounterSpec, target: int, keys: Sequence[Sequence[str]]
+) -> int:
+    batch = _text_keys(keys)
+    tid = sql.Literal(target)
+    # 1. every key gets a row, then the rows are locked in key order
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO pgcounters.counters (target_id, key, value)"
+            " SELECT {t}, b.key, 0 FROM ({batch}) AS b(key) ORDER BY 2"
+            " ON CONFLICT (target_id, key) DO NOTHING"
+        ).format(t=tid, batch=batch)
+    )
+    conn.execute(
+        sql.SQL(
+            "SELECT 1 FROM pgcounters.counters WHERE target_id = {t} AND key IN ({batch})"
+            " ORDER BY key FOR UPDATE"
+        ).format(t=tid, batch=batch)
+    )
+    # 2. truth and pending from one snapshot: stored = truth - pending
+    extra = None
+    if spec.keys:
+        firsts = sorted({key[0] for key in keys})
+        extra = sql.SQL("{} = ANY ({})").format(
+            _key_expr(spec), _typed_array(firsts, spec.key_types[0])
+        )
+    cur = conn.execute(
+        sql.SQL(
+            "WITH truth AS ({truth}), pending AS ({pending}),"
+            " wanted AS (SELECT b.key, coalesce(t.delta, 0) - coalesce(p.delta, 0) AS value"
+            " FROM ({batch}) AS b(key)"
+            " LEFT JOIN truth AS t ON t.key = b.key LEFT JOIN pending AS p ON p.key = b.key)"
+            " UPDATE pgcounters.counters AS c SET value = w.value FROM wanted AS w"
+            " WHERE c.target_id = {t} AND c.key = w.key AND c.value <> w.value"
+        ).format(
+            truth=truth_query(spec, extra),
+            pending=_pending(target, batch),
+            batch=batch,
+            t=tid,
+        )
+    )
+    return max(cur.rowcount, 0)

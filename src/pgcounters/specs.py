@@ -1,0 +1,339 @@
+"""Counter specs: what to count, from which table, into which target.
+
+A spec is plain data. :mod:`pgcounters.compiler` turns it into trigger SQL
+without a database; :mod:`pgcounters.triggers` installs it; the Django app only
+derives specs from model declarations.
+
+Example: public comments per article, kept in ``blog_article.public_comments``::
+
+    CounterSpec(
+        name="blog.article.public_comments",
+        source="blog_comment",
+        keys=("article_id",),
+        target=ColumnTarget("blog_article", "public_comments"),
+        where=Fragment("publish_status = %s", ("public",)),
+    )
+
+Conditions, summed values and key expressions that are not plain columns are
+:class:`Fragment` objects: SQL written by the developer (like a migration)
+with ``%s`` placeholders, whose values are rendered as literals by psycopg.
+Values never come from string formatting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias, cast
+
+from psycopg import sql as pgsql
+
+from pgcounters.client import MODES, Mode
+from pgcounters.errors import InvalidCounterDefinition
+from pgcounters.keys import KEY_TYPES, MAX_KEY_PARTS, KeyType, check_name
+
+MAX_IDENTIFIER = 63  # bytes: PostgreSQL's NAMEDATALEN - 1
+
+_PLACEHOLDER = re.compile(r"%s|%%")
+
+
+def check_identifier(value: object, what: str) -> str:
+    """Return ``value`` if it can be a PostgreSQL identifier, else raise."""
+    if not isinstance(value, str) or not value:
+        raise InvalidCounterDefinition(f"{what} must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise InvalidCounterDefinition(f"{what} {value!r} contains a NUL character")
+    if len(value.encode()) > MAX_IDENTIFIER:
+        raise InvalidCounterDefinition(
+            f"{what} {value!r} is longer than PostgreSQL's limit of {MAX_IDENTIFIER} bytes"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """A piece of SQL with ``%s`` placeholders for values (``%%`` for a literal ``%``)."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sql, str) or not self.sql.strip():
+            raise InvalidCounterDefinition("an SQL fragment must be a non-empty string")
+        object.__setattr__(self, "params", tuple(self.params))
+        for value in self.params:
+            if value is not None and not isinstance(value, str | int | float | bool):
+                raise InvalidCounterDefinition(
+                    f"SQL fragment values are str, int, float, bool or None (stored as JSON); "
+                    f"got {type(value).__name__}: cast a string in SQL instead"
+                )
+        wanted = sum(1 for m in _PLACEHOLDER.finditer(self.sql) if m.group() == "%s")
+        if wanted != len(self.params):
+            raise InvalidCounterDefinition(
+                f"SQL fragment {self.sql!r} has {wanted} placeholders but {len(self.params)} values"
+            )
+
+    def composed(self) -> pgsql.Composable:
+        """The fragment with its values as SQL literals quoted by psycopg."""
+        parts: list[pgsql.Composable] = []
+        values = iter(self.params)
+        last = 0
+        for match in _PLACEHOLDER.finditer(self.sql):
+            parts.append(pgsql.SQL(self.sql[last : match.start()]))
+            if match.group() == "%s":
+                parts.append(pgsql.Literal(next(values)))
+            else:
+                parts.append(pgsql.SQL("%"))
+            last = match.end()
+        parts.append(pgsql.SQL(self.sql[last:]))
+        return pgsql.Composed(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sql": self.sql, "params": list(self.params)}
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table, schema-qualified (``public`` when not given)."""
+
+    name: str
+    schema: str = "public"
+
+    def __post_init__(self) -> None:
+        check_identifier(self.name, "table name")
+        check_identifier(self.schema, "schema name")
+
+    @classmethod
+    def of(cls, value: Table | str) -> Table:
+        """A Table from a Table or a ``"table"`` / ``"schema.table"`` string."""
+        if isinstance(value, Table):
+            return value
+        if not isinstance(value, str):
+            raise InvalidCounterDefinition(f"expected a table name, got {value!r}")
+        schema, dot, name = value.rpartition(".")
+        return cls(name, schema) if dot else cls(name)
+
+    def identifier(self) -> pgsql.Identifier:
+        return pgsql.Identifier(self.schema, self.name)
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+@dataclass(frozen=True, init=False)
+class ColumnTarget:
+    """A counter column on a parent table (S2), e.g. ``blog_article.public_comments``."""
+
+    table: Table
+    column: str
+    key_column: str
+    key_type: KeyType
+
+    def __init__(
+        self,
+        table: Table | str,
+        column: str,
+        key_column: str = "id",
+        key_type: KeyType = "bigint",
+    ) -> None:
+        object.__setattr__(self, "table", Table.of(table))
+        object.__setattr__(self, "column", column)
+        object.__setattr__(self, "key_column", key_column)
+        object.__setattr__(self, "key_type", key_type)
+        check_identifier(self.column, "counter column")
+        check_identifier(self.key_column, "key column")
+        if self.key_type not in KEY_TYPES:
+            raise InvalidCounterDefinition(
+                f"key type must be one of {', '.join(KEY_TYPES)}, got {self.key_type!r}"
+            )
+
+    @property
+    def key_types(self) -> tuple[KeyType, ...]:
+        return (self.key_type,)
+
+
+@dataclass(frozen=True)
+class NamedTarget:
+    """A named counter in the generic counters table (S3); ``()`` keys for a global one."""
+
+    key_types: tuple[KeyType, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_types", tuple(self.key_types))
+        for key_type in self.key_types:
+            if key_type not in KEY_TYPES:
+                raise InvalidCounterDefinition(
+                    f"key type must be one of {', '.join(KEY_TYPES)}, got {key_type!r}"
+                )
+
+
+Target: TypeAlias = ColumnTarget | NamedTarget
+KeyExpr: TypeAlias = str | Fragment
+
+
+@dataclass(frozen=True, init=False)
+class CounterSpec:
+    """Count (or sum) rows of ``source`` that satisfy ``where``, per key, into ``target``.
+
+    * ``keys``: columns (or expressions) of the source row that identify the
+      counter key: one for a column target (the parent's id, e.g. a foreign
+      key), one per key part for a named target, none for a global counter.
+      A row whose key has a NULL part counts nowhere.
+    * ``where``: the condition a row must satisfy to count (None: every row).
+    * ``sum``: a column or expression to add up instead of counting rows.
+      NULL values add nothing.
+    * ``mode``: ``queued`` (deltas go to the durable queue; default),
+      ``unlogged`` (the unlogged queue) or ``direct`` (applied in the writing
+      transaction: read-your-writes, but it locks the counter rows).
+    """
+
+    name: str
+    source: Table
+    target: Target
+    keys: tuple[KeyExpr, ...]
+    where: Fragment | None
+    sum: KeyExpr | None
+    mode: Mode
+    _fingerprint: str = field(repr=False, compare=False)
+
+    def __init__(
+        self,
+        name: str,
+        source: Table | str,
+        target: Target,
+        keys: KeyExpr | Sequence[KeyExpr] = (),
+        where: Fragment | None = None,
+        sum: KeyExpr | None = None,
+        mode: Mode = "queued",
+    ) -> None:
+        for attr, value in (
+            ("name", name),
+            ("source", source),
+            ("target", target),
+            ("keys", keys),
+            ("where", where),
+            ("sum", sum),
+            ("mode", mode),
+        ):
+            object.__setattr__(self, attr, value)
+        self._validate()
+
+    def _validate(self) -> None:
+        try:
+            check_name(self.name)
+        except Exception as exc:
+            raise InvalidCounterDefinition(str(exc)) from None
+        object.__setattr__(self, "source", Table.of(self.source))
+        keys = (self.keys,) if isinstance(self.keys, str | Fragment) else tuple(self.keys)
+        object.__setattr__(self, "keys", keys)
+        for key in keys:
+            if isinstance(key, str):
+                check_identifier(key, "key column")
+            elif not isinstance(key, Fragment):
+                raise InvalidCounterDefinition(f"a key is a column name or a Fragment: {key!r}")
+        if isinstance(self.sum, str):
+            check_identifier(self.sum, "summed column")
+        elif self.sum is not None and not isinstance(self.sum, Fragment):
+            raise InvalidCounterDefinition(f"sum is a column name or a Fragment: {self.sum!r}")
+        if self.where is not None and not isinstance(self.where, Fragment):
+            raise InvalidCounterDefinition(f"where is a Fragment or None: {self.where!r}")
+        if self.mode not in MODES:
+            raise InvalidCounterDefinition(
+                f"mode must be one of {', '.join(MODES)}, got {self.mode!r}"
+            )
+        if isinstance(self.target, ColumnTarget):
+            if len(keys) != 1:
+                raise InvalidCounterDefinition(
+                    f"counter {self.name}: a column target needs exactly one key "
+                    f"(the column holding the parent's {self.target.key_column}), got {len(keys)}"
+                )
+        elif isinstance(self.target, NamedTarget):
+            if len(keys) != len(self.target.key_types):
+                raise InvalidCounterDefinition(
+                    f"counter {self.name}: {len(keys)} key expressions for "
+                    f"{len(self.target.key_types)} key types"
+                )
+            if len(keys) > MAX_KEY_PARTS:
+                raise InvalidCounterDefinition(f"a key has at most {MAX_KEY_PARTS} parts")
+        else:
+            raise InvalidCounterDefinition(f"unknown target {self.target!r}")
+        object.__setattr__(self, "_fingerprint", _digest(self.to_json()))
+
+    @property
+    def key_types(self) -> tuple[KeyType, ...]:
+        return self.target.key_types
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the definition: it changes when anything that is compiled changes."""
+        return self._fingerprint
+
+    def to_json(self) -> dict[str, Any]:
+        """The definition as JSON-compatible data (stored in ``pgcounters.specs``)."""
+
+        def expr(value: KeyExpr | None) -> Any:
+            return value.to_json() if isinstance(value, Fragment) else value
+
+        target: dict[str, Any]
+        if isinstance(self.target, ColumnTarget):
+            target = {
+                "kind": "column",
+                "schema": self.target.table.schema,
+                "table": self.target.table.name,
+                "column": self.target.column,
+                "key_column": self.target.key_column,
+                "key_type": self.target.key_type,
+            }
+        else:
+            target = {"kind": "named", "key_types": list(self.target.key_types)}
+        return {
+            "version": 1,
+            "name": self.name,
+            "source": {"schema": self.source.schema, "table": self.source.name},
+            "keys": [expr(k) for k in self.keys],
+            "where": expr(self.where),
+            "sum": expr(self.sum),
+            "mode": self.mode,
+            "target": target,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CounterSpec:
+        """The inverse of :meth:`to_json`."""
+
+        def expr(value: Any) -> KeyExpr | None:
+            if isinstance(value, dict):
+                return Fragment(value["sql"], tuple(value.get("params", ())))
+            return cast(str | None, value)
+
+        try:
+            t = data["target"]
+            target: Target
+            if t["kind"] == "column":
+                target = ColumnTarget(
+                    Table(t["table"], t["schema"]), t["column"], t["key_column"], t["key_type"]
+                )
+            else:
+                target = NamedTarget(tuple(t["key_types"]))
+            where = expr(data.get("where"))
+            if isinstance(where, str):
+                raise InvalidCounterDefinition("where must be a Fragment")
+            return cls(
+                name=data["name"],
+                source=Table(data["source"]["table"], data["source"]["schema"]),
+                target=target,
+                keys=tuple(cast(KeyExpr, expr(k)) for k in data["keys"]),
+                where=where,
+                sum=expr(data.get("sum")),
+                mode=data.get("mode", "queued"),
+            )
+        except (KeyError, TypeError) as exc:
+            raise InvalidCounterDefinition(f"not a counter spec: {exc}") from None
+
+
+def _digest(data: dict[str, Any]) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,249 @@
+"""Installing declared counters (specs) on a database, and finding drift.
+
+Plain-SQL users call :func:`install` / :func:`uninstall` with a psycopg
+connection; the Django app delivers the same compiled trigger bodies through
+django-pgtrigger migrations and records the specs with :func:`record`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
+
+from pgcounters import schema
+from pgcounters.compiler import (
+    EVENTS,
+    MARKER_RE,
+    compile_spec,
+    ensure_target_call,
+    trigger_name,
+    truth_query,
+)
+from pgcounters.dberrors import translate, translated
+from pgcounters.errors import InvalidCounterDefinition, UnknownCounter
+from pgcounters.keys import check_name
+from pgcounters.specs import CounterSpec
+from pgcounters.sqlfiles import query
+
+State: TypeAlias = Literal["installed", "outdated", "missing", "disabled", "undeclared"]
+
+
+@dataclass(frozen=True)
+class InstalledTrigger:
+    """A trigger compiled by pgcounters, as found in the catalog."""
+
+    schema: str
+    table: str
+    trigger: str
+    enabled: bool
+    spec_name: str
+    event: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How the installed triggers of one counter compare with its declaration."""
+
+    name: str
+    state: State
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "installed"
+
+
+def validate(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
+    """Check against the database that the spec's SQL compiles (EXPLAIN of its truth query)."""
+    try:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(sql.SQL("EXPLAIN ") + truth_query(spec))
+    except psycopg.Error as exc:
+        mapped = translate(exc)
+        if mapped is not None and not isinstance(mapped, InvalidCounterDefinition):
+            raise mapped from exc
+        message = exc.diag.message_primary or str(exc)
+        raise InvalidCounterDefinition(
+            f"counter {spec.name}: its definition does not compile against table "
+            f"{spec.source}: {message}"
+        ) from exc
+
+
+def record(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
+    """Record the spec in ``pgcounters.specs`` (for verify, recount and drift)."""
+    conn.execute(
+        query("record_spec"),
+        {"name": spec.name, "fingerprint": spec.fingerprint, "definition": Jsonb(spec.to_json())},
+    )
+
+
+def install(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec]) -> list[str]:
+    """Validate, declare and install counters, all or none (one transaction). Idempotent.
+
+    Each spec gets its target declared (``pgcounters.targets``), its four
+    triggers created or replaced, and its definition recorded. Returns the
+    names installed.
+    """
+    chosen = list(specs)
+    _check_unique(chosen)
+    schema.check(conn)
+    with translated(), conn.transaction():
+        for spec in chosen:
+            validate(conn, spec)
+            compiled = compile_spec(spec)
+            conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec)))
+            conn.execute(compiled.install_sql())
+            record(conn, spec)
+    return [spec.name for spec in chosen]
+
+
+def uninstall(conn: psycopg.Connection[Any], name: str, *, drop_values: bool = False) -> bool:
+    """Remove a counter's triggers (found in the catalog) and its recorded spec.
+
+    With ``drop_values`` the counter itself goes too (stored values and pending
+    deltas). Returns False when nothing was installed under that name.
+    """
+    check_name(name)
+    with translated(), conn.transaction():
+        found = [t for t in installed(conn) if t.spec_name == name]
+        for t in found:
+            conn.execute(
+                sql.SQL("DROP TRIGGER {} ON {}").format(
+                    sql.Identifier(t.trigger), sql.Identifier(t.schema, t.table)
+                )
+            )
+        for event in EVENTS:
+            conn.execute(
+                sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
+                    sql.Identifier("pgcounters", trigger_name(name, event))
+                )
+            )
+        cur = conn.execute(query("forget_spec"), {"name": name})
+        recorded = cur.rowcount > 0
+        dropped = False
+        if drop_values:
+            row = conn.execute("SELECT pgcounters.drop_counter(%s)", (name,)).fetchone()
+            dropped = bool(row and row[0])
+    return bool(found) or recorded or dropped
+
+
+def installed(conn: psycopg.Connection[Any]) -> list[InstalledTrigger]:
+    """Every trigger compiled by pgcounters in this database."""
+    out: list[InstalledTrigger] = []
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("counter_triggers"))
+        for nsp, table, trigger, enabled, source in cur.fetchall():
+            match = MARKER_RE.search(source)
+            if match is None:  # pragma: no cover - the query selects on the marker
+                continue
+            out.append(
+                InstalledTrigger(
+                    nsp,
+                    table,
+                    trigger,
+                    bool(enabled),
+                    match["name"],
+                    match["event"],
+                    match["fingerprint"],
+                )
+            )
+    return out
+
+
+def declared(conn: psycopg.Connection[Any]) -> list[CounterSpec]:
+    """The specs recorded in ``pgcounters.specs``."""
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("declared_specs"))
+        return [CounterSpec.from_json(_as_dict(row[0])) for row in cur.fetchall()]
+
+
+def spec(conn: psycopg.Connection[Any], name: str) -> CounterSpec:
+    """The recorded spec of one counter."""
+    for found in declared(conn):
+        if found.name == name:
+            return found
+    raise UnknownCounter(f"no counter spec named {name!r} is recorded in this database")
+
+
+def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = None) -> list[Drift]:
+    """Compare declared specs (default: the recorded ones) with the installed triggers.
+
+    A counter is ``installed`` when its four triggers exist, are enabled and
+    carry its fingerprint; ``outdated`` when some carry another fingerprint;
+    ``missing`` when some are absent; ``disabled`` when some are disabled.
+    Installed triggers of a counter that is not declared are ``undeclared``.
+    """
+    wanted = list(declared(conn) if specs is None else specs)
+    by_name: dict[str, list[InstalledTrigger]] = {}
+    for t in installed(conn):
+        by_name.setdefault(t.spec_name, []).append(t)
+    out: list[Drift] = []
+    for s in wanted:
+        found = by_name.pop(s.name, [])
+        events = {t.event for t in found}
+        stale = sorted(t.trigger for t in found if t.fingerprint != s.fingerprint)
+        off = sorted(t.trigger for t in found if not t.enabled)
+        absent = [e for e in EVENTS if e not in events]
+        if stale:
+            out.append(Drift(s.name, "outdated", f"triggers from another definition: {stale}"))
+        elif absent:
+            out.append(Drift(s.name, "missing", f"no trigger for {', '.join(absent)}"))
+        elif off:
+            out.append(Drift(s.name, "disabled", f"disabled triggers: {off}"))
+        else:
+            out.append(Drift(s.name, "installed", f"{len(found)} triggers, {s.fingerprint}"))
+    for name, found in sorted(by_name.items()):
+        tables = sorted({f"{t.schema}.{t.table}" for t in found})
+        out.append(Drift(name, "undeclared", f"triggers on {', '.join(tables)}"))
+    return out
+
+
+@contextmanager
+def paused(conn: psycopg.Connection[Any], *names: str) -> Iterator[None]:
+    """Counting is paused on this connection for the named counters (default: all).
+
+    For bulk imports: rows written meanwhile on this connection are not
+    counted. Run a recount afterwards (:func:`pgcounters.recount.recount`).
+    Other connections keep counting.
+    """
+    for name in names:
+        check_name(name)
+    with translated():
+        row = conn.execute(query("get_paused")).fetchone()
+        before = str(row[0]) if row else ""
+        conn.execute(query("set_paused"), {"value": ",".join(names) if names else "all"})
+    try:
+        yield
+    finally:
+        if not conn.closed and conn.info.transaction_status in (
+            psycopg.pq.TransactionStatus.IDLE,
+            psycopg.pq.TransactionStatus.INTRANS,
+        ):
+            conn.execute(query("set_paused"), {"value": before})
+
+
+def _check_unique(specs: Sequence[CounterSpec]) -> None:
+    seen: set[str] = set()
+    for s in specs:
+        if not isinstance(s, CounterSpec):
+            raise InvalidCounterDefinition(f"expected a CounterSpec, got {s!r}")
+        if s.name in seen:
+            raise InvalidCounterDefinition(f"counter {s.name} is declared twice")
+        seen.add(s.name)
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        raise InvalidCounterDefinition(f"a recorded spec is not an object: {value!r}")
+    return value

@@ -1,0 +1,193 @@
+"""The Django app on the blog example: every kind of ORM and raw write is counted."""
+
+from __future__ import annotations
+
+import threading
+from io import StringIO
+from typing import Any
+
+import pytest
+from blog.models import Article, Comment, Notification, User
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.db.models import Count, Q
+
+from pgcounters import Counters
+from pgcounters.contrib.django import declared_counters
+from pgcounters.contrib.django.db import psycopg_connection
+from pgcounters.contrib.django.expressions import Exact
+from pgcounters.contrib.django.pagination import EstimatedCountPaginator, estimated_count
+from pgcounters.recount import verify
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain() -> None:
+    with psycopg_connection() as conn:
+        Counters(conn).drain()
+
+
+def assert_exact() -> None:
+    with psycopg_connection() as conn:
+        for _, spec in declared_counters():
+            assert verify(conn, spec).mismatches == [], spec.name
+
+
+def truth() -> list[tuple[int, int]]:
+    return list(
+        Article.objects.annotate(n=Count("comments", filter=Q(comments__publish_status="public")))
+        .order_by("id")
+        .values_list("id", "n")
+    )
+
+
+def test_every_orm_and_raw_write_is_counted() -> None:
+    users = User.objects.bulk_create([User(username=f"u{i}") for i in range(3)])
+    articles = Article.objects.bulk_create([Article(title=f"a{i}") for i in range(3)])
+    c = Comment.objects.create(creator=users[0], article=articles[0], publish_status="public")
+    c.publish_status = "private"
+    c.save()  # a flip
+    c.publish_status = "public"
+    c.article = articles[1]
+    c.save()  # a flip and a move
+    Comment.objects.bulk_create(
+        [
+            Comment(creator=users[i % 3], article=articles[i % 3], publish_status="public", score=i)
+            for i in range(30)
+        ]
+    )
+    Comment.objects.filter(score__lt=5).update(publish_status="private")
+    Comment.objects.filter(score__gt=25).delete()
+    Comment.objects.filter(score=10).first().delete()  # type: ignore[union-attr]
+    Comment.objects.filter(score=11).update(article=None)  # NULL parent
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO blog_comment (creator_id, article_id, message, publish_status, score)"
+            " VALUES (%s, %s, '', 'public', 3)",
+            [users[1].id, articles[2].id],
+        )
+    with (
+        psycopg_connection() as conn,
+        conn.cursor() as pcur,
+        pcur.copy(
+            "COPY blog_comment (creator_id, article_id, message, publish_status, score) FROM STDIN"
+        ) as copy,
+    ):
+        for i in range(7):
+            copy.write_row((users[0].id, articles[0].id, "", "public", i))
+    drain()
+    assert list(Article.objects.order_by("id").values_list("id", "public_comments")) == truth()
+    assert_exact()
+    # the counter column is a real column: filter and order by it
+    top = Article.objects.filter(public_comments__gt=0).order_by("-public_comments").first()
+    assert top is not None
+    assert top.public_comments == max(n for _, n in truth())
+
+
+def test_exact_annotation_adds_pending_deltas_in_one_statement() -> None:
+    user = User.objects.create(username="u")
+    article = Article.objects.create(title="a")
+    Comment.objects.bulk_create(
+        [Comment(creator=user, article=article, publish_status="public") for _ in range(4)]
+    )
+    row = Article.objects.annotate(n=Exact("public_comments")).get(pk=article.pk)
+    assert (row.public_comments, row.n) == (0, 4)
+    drain()
+    row = Article.objects.annotate(n=Exact("public_comments")).get(pk=article.pk)
+    assert (row.public_comments, row.n) == (4, 4)
+    ranked = Article.objects.annotate(n=Exact("public_comments")).order_by("-n")
+    assert [a.pk for a in ranked] == [article.pk]
+
+
+def test_notifications_unread_count_seed_003() -> None:
+    user = User.objects.create(username="reader")
+    notes = Notification.objects.bulk_create([Notification(user=user) for _ in range(5)])
+    Notification.objects.filter(pk=notes[0].pk).delete()  # delete of an unread: -1
+    Notification.objects.filter(pk=notes[1].pk).update(read=True)  # mark as read: -1
+    Notification.objects.filter(pk=notes[1].pk).update(read=True)  # again: nothing
+    read = Notification.objects.create(user=user, read=True)  # a read one counts nothing
+    read.delete()
+    drain()
+    user.refresh_from_db()
+    assert user.unread_notifications == 3
+
+
+def test_mark_as_read_by_two_requests_at_once_counts_once() -> None:
+    user = User.objects.create(username="reader")
+    note = Notification.objects.create(user=user)
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            barrier.wait()
+            with transaction.atomic():
+                Notification.objects.filter(pk=note.pk, read=False).update(read=True)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=request) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    drain()
+    user.refresh_from_db()
+    assert user.unread_notifications == 0
+
+
+def test_global_counter_of_users() -> None:
+    User.objects.bulk_create([User(username=f"u{i}") for i in range(7)])
+    User.objects.filter(username="u3").delete()
+    with psycopg_connection() as conn:
+        assert Counters(conn).get("blog.users.total") == 6
+
+
+def test_management_command_shares_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    user = User.objects.create(username="u")
+    Comment.objects.create(creator=user, publish_status="public")
+    call_command("pgcounters", "drain")
+    assert "applied" in capsys.readouterr().out
+    user.refresh_from_db()
+    assert user.public_comments == 1
+
+
+def test_makemigrations_has_nothing_to_add() -> None:
+    out = StringIO()
+    call_command("makemigrations", "blog", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()
+
+
+def test_database_checks_pass_when_installed() -> None:
+    from pgcounters.contrib.django.checks import check_database, check_declarations
+
+    assert check_declarations() == []
+    assert check_database(databases=["default"]) == []
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgname LIKE %s LIMIT 1",
+            ["pgtrigger_pgc_blog_article_public_comments%"],
+        )
+        name = cur.fetchone()[0]
+        cur.execute(f'ALTER TABLE blog_comment DISABLE TRIGGER "{name}"')
+    errors = check_database(databases=["default"])
+    assert [e.id for e in errors] == ["pgcounters.E003"]
+
+
+def test_estimated_counts(settings: Any) -> None:
+    user = User.objects.create(username="u")
+    Comment.objects.bulk_create([Comment(creator=user) for _ in range(2000)])
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE blog_comment")
+    estimate = estimated_count(Comment.objects.all())
+    assert 1000 <= estimate <= 4000
+    paginator = EstimatedCountPaginator(Comment.objects.order_by("id"), 100)
+    assert paginator.count == 2000  # below the threshold: exact
+    EstimatedCountPaginator.threshold = 10
+    try:
+        assert EstimatedCountPaginator(Comment.objects.order_by("id"), 100).count == estimate
+    finally:
+        EstimatedCountPaginator.threshold = 100_000

@@ -1,0 +1,617 @@
+"""Declared counters kept by statement-level triggers, checked against the S1 truth."""
+
+from __future__ import annotations
+
+import io
+import random
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+import blog_schema
+from pgcounters import Counters, triggers
+from pgcounters.compiler import compile_spec, trigger_name
+from pgcounters.errors import InvalidCounterDefinition, UnknownCounter
+from pgcounters.recount import recount, verify
+from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
+
+MODES = ["queued", "unlogged", "direct"]
+
+
+@pytest.fixture
+def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    blog_schema.create(conn)
+    return conn
+
+
+def assert_exact(conn: psycopg.Connection[Any], specs: list[CounterSpec]) -> None:
+    for spec in specs:
+        result = verify(conn, spec)
+        assert result.mismatches == [], spec.name
+
+
+def test_compiler_needs_no_database() -> None:
+    spec = blog_schema.specs()[0]
+    compiled = compile_spec(spec)
+    assert [t.event for t in compiled.triggers] == ["insert", "update", "delete", "truncate"]
+    text = compiled.install_sql().as_string()
+    assert "FOR EACH STATEMENT" in text
+    assert "REFERENCING OLD TABLE AS" in text
+    assert "NEW TABLE AS" in text
+    assert f"fingerprint={spec.fingerprint}" in text
+    assert all(len(t.name) <= 45 for t in compiled.triggers)
+    # deterministic, and the fingerprint follows the definition
+    assert compile_spec(blog_schema.specs()[0]).install_sql() == compiled.install_sql()
+    changed = CounterSpec(
+        name=spec.name,
+        source=spec.source,
+        keys=spec.keys,
+        target=spec.target,
+        where=Fragment("publish_status = %s", ("Public",)),
+    )
+    assert changed.fingerprint != spec.fingerprint
+
+
+def test_hostile_values_are_quoted_literals(blog: psycopg.Connection[Any]) -> None:
+    hostile = "x'); DROP TABLE blog_comment; --\\ $$ $pgc$ %s {} \u00e9"
+    spec = CounterSpec(
+        name="hostile",
+        source="blog_comment",
+        target=NamedTarget(()),
+        where=Fragment("publish_status = %s", (hostile,)),
+    )
+    triggers.install(blog, [spec])
+    blog.execute("INSERT INTO blog_comment (publish_status) VALUES (%s), ('other')", (hostile,))
+    assert Counters(blog).get("hostile") == 1
+    assert verify(blog, "hostile").ok
+
+
+def test_long_names_give_short_trigger_names() -> None:
+    name = "a" * 200
+    assert len(trigger_name(name, "truncate")) <= 45
+    assert trigger_name(name, "insert") != trigger_name(name[:-1], "insert")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"keys": ("a", "b")}, "exactly one key"),
+        ({"keys": ("x" * 64,)}, "63 bytes"),
+        ({"mode": "sometimes"}, "mode must be"),
+        ({"where": "publish_status = 'public'"}, "Fragment"),
+        ({"name": "bad name!"}, "invalid counter name"),
+    ],
+)
+def test_bad_declarations_fail_at_declaration(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {
+        "name": "c",
+        "source": "blog_comment",
+        "keys": ("article_id",),
+        "target": ColumnTarget("blog_article", "public_comments"),
+    }
+    args.update(kwargs)
+    with pytest.raises(InvalidCounterDefinition, match=message):
+        CounterSpec(**args)
+
+
+def test_fragment_placeholders_must_match_values() -> None:
+    with pytest.raises(InvalidCounterDefinition, match="placeholders"):
+        Fragment("a = %s AND b = %s", ("x",))
+    assert (
+        Fragment("a LIKE 'x%%' AND b = %s", (1,)).composed().as_string() == "a LIKE 'x%' AND b = 1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            CounterSpec(
+                name="bad.column",
+                source="blog_comment",
+                keys=("article_id",),
+                target=ColumnTarget("blog_article", "no_such_column"),
+            ),
+            "no_such_column",
+        ),
+        (
+            CounterSpec(
+                name="bad.where",
+                source="blog_comment",
+                target=NamedTarget(()),
+                where=Fragment("no_such_field = %s", (1,)),
+            ),
+            "does not compile",
+        ),
+        (
+            CounterSpec(name="bad.table", source="no_such_table", target=NamedTarget(()), keys=()),
+            "no_such_table",
+        ),
+    ],
+)
+def test_bad_declarations_fail_at_install_and_leave_nothing(
+    blog: psycopg.Connection[Any], spec: CounterSpec, message: str
+) -> None:
+    good = blog_schema.specs()[0]
+    with pytest.raises(InvalidCounterDefinition, match=message):
+        triggers.install(blog, [good, spec])
+    assert triggers.installed(blog) == []
+    assert triggers.declared(blog) == []
+    assert blog.execute("SELECT count(*) FROM pgcounters.targets").fetchone() == (0,)
+
+
+def _workload(conn: psycopg.Connection[Any]) -> None:
+    """Every kind of write the seed's trigger misses: bulk, flips, moves, NULL keys, sums."""
+    conn.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status, score, created_on)"
+        " SELECT 1 + g % 5, 1 + g % 3, CASE WHEN g % 2 = 0 THEN 'public' ELSE 'private' END,"
+        " g, date '2026-11-20' + g % 3 FROM generate_series(1, 500) g"
+    )
+    conn.execute("UPDATE blog_comment SET publish_status = 'public' WHERE id % 3 = 0")  # flips
+    conn.execute("UPDATE blog_comment SET publish_status = 'private' WHERE id % 10 = 0")
+    conn.execute("UPDATE blog_comment SET article_id = NULL WHERE id % 7 = 0")  # NULL parent
+    conn.execute("UPDATE blog_comment SET article_id = 3 WHERE id % 49 = 0")  # back from NULL
+    conn.execute("UPDATE blog_comment SET article_id = 2, creator_id = 1 WHERE id % 11 = 0")
+    conn.execute("UPDATE blog_comment SET score = score * 2 WHERE id % 5 = 0")  # summed value
+    conn.execute("UPDATE blog_comment SET score = NULL WHERE id % 17 = 0")
+    conn.execute("UPDATE blog_comment SET created_on = created_on + 1 WHERE id % 4 = 0")
+    conn.execute("DELETE FROM blog_comment WHERE id % 13 = 0")
+    conn.execute("DELETE FROM blog_article WHERE id = 5")  # cascades to its comments
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            "COPY blog_comment (article_id, creator_id, publish_status, score) FROM STDIN"
+        ) as copy,
+    ):
+        for i in range(50):
+            copy.write_row((1 + i % 4, 1 + i % 2, "public", i))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_write_is_counted(blog: psycopg.Connection[Any], mode: str) -> None:
+    specs = blog_schema.specs(mode)
+    triggers.install(blog, specs)
+    _workload(blog)
+    Counters(blog).drain()
+    assert_exact(blog, specs)
+    article_truth = blog.execute(
+        "SELECT a.id, count(c.id) FILTER (WHERE c.publish_status = 'public')"
+        " FROM blog_article a LEFT JOIN blog_comment c ON c.article_id = a.id GROUP BY a.id"
+        " ORDER BY a.id"
+    ).fetchall()
+    stored = blog.execute("SELECT id, public_comments FROM blog_article ORDER BY id").fetchall()
+    assert stored == article_truth
+    assert sum(n for _, n in stored) > 0
+
+
+@pytest.mark.parametrize("mode", ["queued", "unlogged"])
+def test_exact_reads_include_pending_deltas(blog: psycopg.Connection[Any], mode: str) -> None:
+    specs = blog_schema.specs(mode)
+    triggers.install(blog, specs)
+    _workload(blog)
+    pc = Counters(blog)
+    total = blog.execute("SELECT count(*) FROM blog_comment").fetchone()
+    assert total is not None
+    assert pc.get("blog.comments_total") == total[0]
+    assert pc.get("blog.comments_total", exact=False) == 0
+    assert_exact(blog, specs)
+
+
+def test_a_bulk_statement_writes_one_delta_per_key(blog: psycopg.Connection[Any]) -> None:
+    triggers.install(blog, blog_schema.specs()[:1])
+    blog.execute(
+        "INSERT INTO blog_comment (article_id, publish_status)"
+        " SELECT 1 + g % 5, 'public' FROM generate_series(1, 10000) g"
+    )
+    assert blog.execute("SELECT count(*), sum(delta) FROM pgcounters.queue").fetchone() == (
+        5,
+        10000,
+    )
+    # an update that changes nothing counted writes nothing
+    blog.execute("UPDATE blog_comment SET score = 1")
+    assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (5,)
+
+
+def test_mark_as_read_twice_counts_once(blog: psycopg.Connection[Any], dsn: str) -> None:
+    """Seed 003: two requests mark the same comment at once; the count drops exactly once."""
+    spec = blog_schema.specs()[0]
+    triggers.install(blog, [spec])
+    blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
+    first = psycopg.connect(dsn)
+    second = psycopg.connect(dsn)
+    try:
+        first.execute("UPDATE blog_comment SET publish_status = 'private' WHERE id = 1")
+        done = threading.Event()
+
+        def other() -> None:
+            second.execute("UPDATE blog_comment SET publish_status = 'private' WHERE id = 1")
+            second.commit()
+            done.set()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert not done.wait(0.3)  # blocked on the row lock
+        first.commit()
+        thread.join()
+    finally:
+        first.close()
+        second.close()
+    assert Counters(blog).get(spec.name, 1) == 0
+
+
+def test_truncate_resets_the_counters(blog: psycopg.Connection[Any]) -> None:
+    specs = blog_schema.specs()
+    triggers.install(blog, specs)
+    _workload(blog)
+    Counters(blog).drain(batch_size=7, max_batches=2)  # some applied, some pending
+    blog.execute("TRUNCATE blog_comment")
+    assert blog.execute("SELECT sum(public_comments) FROM blog_article").fetchone() == (0,)
+    assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (0,)
+    assert_exact(blog, specs)
+    blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
+    assert Counters(blog).get("blog.article.public_comments", 1) == 1
+
+
+def test_rolled_back_writes_count_nothing(blog: psycopg.Connection[Any]) -> None:
+    triggers.install(blog, blog_schema.specs())
+    with blog.transaction(force_rollback=True):
+        blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
+        assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() != (0,)
+    assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (0,)
+
+
+def test_drift_is_detected(blog: psycopg.Connection[Any]) -> None:
+    specs = blog_schema.specs()
+    triggers.install(blog, specs)
+    assert {d.state for d in triggers.drift(blog)} == {"installed"}
+    changed = CounterSpec(
+        name=specs[0].name,
+        source=specs[0].source,
+        keys=specs[0].keys,
+        target=specs[0].target,
+        where=Fragment("publish_status IN (%s, %s)", ("public", "Public")),
+    )
+    by_name = {d.name: d for d in triggers.drift(blog, [changed, *specs[1:]])}
+    assert by_name[changed.name].state == "outdated"
+    blog.execute(f'DROP TRIGGER "{trigger_name(specs[1].name, "delete")}" ON blog_comment')
+    blog.execute(
+        f'ALTER TABLE blog_comment DISABLE TRIGGER "{trigger_name(specs[2].name, "insert")}"'
+    )
+    by_name = {d.name: d for d in triggers.drift(blog, specs[:3])}
+    assert by_name[specs[1].name].state == "missing"
+    assert by_name[specs[2].name].state == "disabled"
+    assert by_name[specs[3].name].state == "undeclared"
+    # reinstalling the changed spec replaces its triggers
+    triggers.install(blog, [changed])
+    assert {d.name: d.state for d in triggers.drift(blog, [changed])}[changed.name] == "installed"
+
+
+def test_uninstall_removes_triggers_and_optionally_values(blog: psycopg.Connection[Any]) -> None:
+    specs = blog_schema.specs()
+    triggers.install(blog, specs)
+    blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
+    assert triggers.uninstall(blog, specs[0].name)
+    assert specs[0].name not in {t.spec_name for t in triggers.installed(blog)}
+    assert Counters(blog).get(specs[0].name, 1) == 1  # the counter itself stays
+    assert triggers.uninstall(blog, specs[3].name, drop_values=True)
+    with pytest.raises(UnknownCounter):
+        Counters(blog).get(specs[3].name, (1, "2026-11-21"))
+    assert not triggers.uninstall(blog, "never.declared")
+
+
+def test_bulk_import_paused_then_recount(blog: psycopg.Connection[Any]) -> None:
+    specs = blog_schema.specs()
+    triggers.install(blog, specs)
+    with triggers.paused(blog):
+        blog.execute(
+            "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
+            " SELECT 1 + g % 5, 1 + g % 3, 'public', g FROM generate_series(1, 3000) g"
+        )
+    assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (0,)
+    assert not verify(blog, specs[0]).ok
+    for spec in specs:
+        result = recount(blog, spec.name, batch_size=2)
+        assert result.keys_done > 0
+    assert_exact(blog, specs)
+    # after the pause, counting is back on this connection
+    blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
+    assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() != (0,)
+
+
+def test_pausing_one_counter_leaves_the_others(blog: psycopg.Connection[Any]) -> None:
+    specs = blog_schema.specs()
+    triggers.install(blog, specs)
+    with triggers.paused(blog, specs[0].name):
+        blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
+    assert Counters(blog).get(specs[0].name, 1) == 0
+    assert Counters(blog).get("blog.comments_total") == 1
+
+
+def test_recount_resumes_and_takes_key_ranges(blog: psycopg.Connection[Any]) -> None:
+    spec = blog_schema.specs()[0]
+    triggers.install(blog, [spec])
+    blog.execute("UPDATE blog_article SET public_comments = 99")
+    done: list[int] = []
+    result = recount(blog, spec, batch_size=2, key_range=(2, 3), progress=done.append)
+    assert (result.keys_done, result.keys_fixed, sum(done)) == (2, 2, 2)
+    assert blog.execute(
+        "SELECT array_agg(public_comments ORDER BY id) FROM blog_article"
+    ).fetchone() == ([99, 0, 0, 99, 99],)
+    # an interrupted recount (cursor at key 2, unfinished) resumes after key 2
+    blog.execute(
+        "UPDATE pgcounters.recounts SET cursor_key = '{2}', finished_at = NULL WHERE name = %s",
+        (spec.name,),
+    )
+    result = recount(blog, spec, batch_size=2)
+    assert result.resumed
+    assert result.keys_done == 3
+    assert blog.execute(
+        "SELECT array_agg(public_comments ORDER BY id) FROM blog_article"
+    ).fetchone() == ([99, 0, 0, 0, 0],)
+    assert recount(blog, spec).keys_fixed == 1
+    assert verify(blog, spec).ok
+
+
+def test_verify_samples_and_reports_mismatches(blog: psycopg.Connection[Any]) -> None:
+    spec = blog_schema.specs()[0]
+    triggers.install(blog, [spec])
+    blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (2, 'public')")
+    blog.execute("UPDATE blog_article SET public_comments = public_comments + 5 WHERE id = 3")
+    result = verify(blog, spec.name)
+    assert result.keys_checked == 5
+    assert [(m.key, m.expected, m.actual) for m in result.mismatches] == [((3,), 0, 5)]
+    sampled = verify(blog, spec.name, sample=2)
+    assert sampled.keys_checked == 2
+    with pytest.raises(UnknownCounter):
+        verify(blog, "not.recorded")
+
+
+def test_recount_during_writes_and_drains_ends_exact(
+    blog: psycopg.Connection[Any], dsn: str
+) -> None:
+    specs = blog_schema.specs()
+    triggers.install(blog, specs)
+    blog.execute("UPDATE blog_article SET public_comments = 1000")  # wrong on purpose
+    blog.execute(
+        "INSERT INTO pgcounters.counters SELECT id, '{}', 77 FROM pgcounters.targets"
+        " WHERE name = 'blog.comments_total'"
+    )
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                while not stop.is_set():
+                    c.execute(
+                        "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
+                        " VALUES (%s, %s, %s, %s)",
+                        (
+                            rng.randint(1, 5),
+                            rng.randint(1, 5),
+                            rng.choice(["public", "private"]),
+                            1,
+                        ),
+                    )
+                    c.execute(
+                        "UPDATE blog_comment SET publish_status = %s WHERE id = %s",
+                        (rng.choice(["public", "private"]), rng.randint(1, 200)),
+                    )
+        except BaseException as exc:
+            errors.append(exc)
+
+    def drainer() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                pc = Counters(c)
+                while not stop.is_set():
+                    pc.drain(batch_size=5, max_batches=3)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
+    threads += [threading.Thread(target=drainer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for spec in specs:
+            recount(blog, spec, batch_size=2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    Counters(blog).drain()
+    assert_exact(blog, specs)
+
+
+# -- property-based: random operation sequences against the truth -------------------
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("insert"),
+            st.integers(1, 5),
+            st.integers(1, 3),
+            st.booleans(),
+            st.integers(1, 20),
+        ),
+        st.tuples(st.just("flip"), st.integers(0, 9)),
+        st.tuples(st.just("move"), st.integers(0, 9), st.one_of(st.none(), st.integers(1, 5))),
+        st.tuples(st.just("score"), st.integers(0, 9), st.one_of(st.none(), st.integers(-5, 50))),
+        st.tuples(st.just("delete"), st.integers(0, 9)),
+        st.tuples(st.just("bulk_flip"), st.integers(1, 5)),
+        st.tuples(st.just("bulk_delete"), st.integers(1, 5)),
+        st.tuples(
+            st.just("drain"),
+        ),
+    ),
+    max_size=25,
+)
+
+
+def _apply(conn: psycopg.Connection[Any], op: tuple[Any, ...]) -> None:
+    kind = op[0]
+    row = sql.SQL("(SELECT id FROM blog_comment ORDER BY id OFFSET %s LIMIT 1)")
+    if kind == "insert":
+        _, article, user, public, n = op
+        conn.execute(
+            "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
+            " SELECT %s, %s, %s, g FROM generate_series(1, %s) g",
+            (article, user, "public" if public else "private", n),
+        )
+    elif kind == "flip":
+        conn.execute(
+            sql.SQL(
+                "UPDATE blog_comment SET publish_status = CASE publish_status WHEN 'public'"
+                " THEN 'private' ELSE 'public' END WHERE id = {}"
+            ).format(row),
+            (op[1],),
+        )
+    elif kind == "move":
+        conn.execute(
+            sql.SQL("UPDATE blog_comment SET article_id = %s WHERE id = {}").format(row),
+            (op[2], op[1]),
+        )
+    elif kind == "score":
+        conn.execute(
+            sql.SQL("UPDATE blog_comment SET score = %s WHERE id = {}").format(row), (op[2], op[1])
+        )
+    elif kind == "delete":
+        conn.execute(sql.SQL("DELETE FROM blog_comment WHERE id = {}").format(row), (op[1],))
+    elif kind == "bulk_flip":
+        conn.execute(
+            "UPDATE blog_comment SET publish_status = CASE publish_status WHEN 'public'"
+            " THEN 'private' ELSE 'public' END WHERE article_id = %s",
+            (op[1],),
+        )
+    elif kind == "bulk_delete":
+        conn.execute("DELETE FROM blog_comment WHERE creator_id = %s", (op[1] % 3 + 1,))
+    else:
+        Counters(conn).drain()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_random_operation_sequences_match_the_truth(
+    blog: psycopg.Connection[Any], mode: str
+) -> None:
+    specs = blog_schema.specs(mode)
+    triggers.install(blog, specs)
+
+    @settings(max_examples=15, deadline=None)
+    @given(ops=OPS)
+    def run(ops: list[tuple[Any, ...]]) -> None:
+        blog.execute("TRUNCATE blog_comment")  # resets every counter (tested above)
+        for op in ops:
+            _apply(blog, op)
+        Counters(blog).drain()
+        assert_exact(blog, specs)
+
+    run()
+
+
+def test_threads_with_multi_row_transactions_and_drainers(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    """8 writers, random multi-statement transactions, each on its own comments (so the
+    writers never wait for each other's rows); 2 drainers. Queued counters add no lock."""
+    blog_schema.create(conn, users=8)
+    specs = blog_schema.specs()
+    triggers.install(conn, specs)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    mine = sql.SQL(
+        "(SELECT id FROM blog_comment WHERE creator_id = %s ORDER BY id OFFSET %s LIMIT 1)"
+    )
+
+    def writer(user: int) -> None:
+        rng = random.Random(user)
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                for _ in range(25):
+                    with c.transaction():
+                        for _ in range(rng.randint(1, 4)):
+                            n = rng.randint(0, 10)
+                            choice = rng.randrange(5)
+                            if choice == 0:
+                                c.execute(
+                                    "INSERT INTO blog_comment (article_id, creator_id,"
+                                    " publish_status, score) SELECT %s, %s, %s, g"
+                                    " FROM generate_series(1, %s) g",
+                                    (
+                                        rng.randint(1, 5),
+                                        user,
+                                        rng.choice(["public", "private"]),
+                                        rng.randint(1, 5),
+                                    ),
+                                )
+                            elif choice == 1:
+                                c.execute(
+                                    sql.SQL(
+                                        "UPDATE blog_comment SET publish_status = CASE"
+                                        " publish_status WHEN 'public' THEN 'private'"
+                                        " ELSE 'public' END WHERE id = {}"
+                                    ).format(mine),
+                                    (user, n),
+                                )
+                            elif choice == 2:
+                                c.execute(
+                                    sql.SQL(
+                                        "UPDATE blog_comment SET article_id = %s WHERE id = {}"
+                                    ).format(mine),
+                                    (rng.choice([None, 1, 2, 3, 4, 5]), user, n),
+                                )
+                            elif choice == 3:
+                                c.execute(
+                                    sql.SQL(
+                                        "UPDATE blog_comment SET score = %s WHERE id = {}"
+                                    ).format(mine),
+                                    (rng.randint(0, 9), user, n),
+                                )
+                            else:
+                                c.execute(
+                                    sql.SQL("DELETE FROM blog_comment WHERE id = {}").format(mine),
+                                    (user, n),
+                                )
+        except BaseException as exc:
+            errors.append(exc)
+
+    def drainer() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                pc = Counters(c)
+                while not stop.is_set():
+                    pc.drain(batch_size=10, max_batches=5)
+        except BaseException as exc:
+            errors.append(exc)
+
+    writers = [threading.Thread(target=writer, args=(i,)) for i in range(1, 9)]
+    drainers = [threading.Thread(target=drainer) for _ in range(2)]
+    for t in writers + drainers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    for t in drainers:
+        t.join()
+    assert errors == []
+    Counters(conn).drain()
+    assert_exact(conn, specs)
+    assert conn.execute("SELECT count(*) FROM blog_comment").fetchone() != (0,)
+
+
+def test_copy_is_counted(blog: psycopg.Connection[Any]) -> None:
+    triggers.install(blog, blog_schema.specs()[:1])
+    data = io.StringIO("".join(f"{1 + i % 3}\tpublic\n" for i in range(30)))
+    with (
+        blog.cursor() as cur,
+        cur.copy("COPY blog_comment (article_id, publish_status) FROM STDIN") as copy,
+    ):
+        copy.write(data.read())
+    assert Counters(blog).get_many("blog.article.public_comments", [1, 2, 3]) == [10, 10, 10]
