@@ -48,6 +48,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -183,8 +184,24 @@ class FlushResult:
         )
 
 
+_LIVE: weakref.WeakSet[RedisBuffer] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for buffer in list(_LIVE):
+        buffer._link = DbLink.after_fork(buffer._link)
+        buffer._flush_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 class RedisBuffer:
     """Increments buffered in Redis and flushed to PostgreSQL exactly once.
+
+    Thread-safe. A forked child gets its own database connection (redis-py
+    reconnects by itself after a fork).
 
     ``database``: a DSN (the buffer owns its connection) or a psycopg connection.
     ``redis_client``: a URL, a ``redis.Redis`` client, or None for ``PGCOUNTERS_REDIS_URL``.
@@ -230,6 +247,7 @@ class RedisBuffer:
         self._incr = self.redis.register_script(_INCR)
         self._take = self.redis.register_script(_TAKE)
         self._read = self.redis.register_script(_READ)
+        _LIVE.add(self)
         self.after_commit: Callable[[str], object] | None = None
         """Called with the flush id between the database commit and the Redis
         acknowledgement (a seam for fault tests and instrumentation)."""
