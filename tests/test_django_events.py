@@ -46,7 +46,7 @@ def rolled_back_view(key: int) -> None:
         raise RuntimeError("the request failed")
 
 
-@pytest.mark.parametrize(("path", "key"), [("direct", 11), ("batching", 12)])
+@pytest.mark.parametrize(("path", "key"), [("direct", 10**9 + 1), ("batching", 10**9 + 2)])
 def test_counted_only_when_the_transaction_commits(path: str, key: int) -> None:
     # the queue is not a Django table: each test counts under a key of its own
     with override_settings(PGCOUNTERS_EVENTS=path, PGCOUNTERS_BATCHING={"interval": None}):
@@ -63,19 +63,20 @@ def test_counted_only_when_the_transaction_commits(path: str, key: int) -> None:
 
 
 def test_the_redis_path_and_manage_py_flush(redis_url: str) -> None:
+    key = 10**9 + 3
     with override_settings(PGCOUNTERS_EVENTS="redis", PGCOUNTERS_REDIS_URL=redis_url):
         with pytest.raises(RuntimeError):
-            rolled_back_view(5)
+            rolled_back_view(key)
         with transaction.atomic():
-            events.count_event(VIEWS, 5, 2)
+            events.count_event(VIEWS, key, 2)
             assert events.redis_buffer().pending() == (0, 0)  # not before COMMIT
         assert events.redis_buffer().pending() == (1, 0)
-        assert events.event_value(VIEWS, 5) == 2
-        assert db_value(5) == 0
+        assert events.event_value(VIEWS, key) == 2
+        assert db_value(key) == 0
         out = StringIO()
         call_command("pgcounters", "flush", stdout=out)
-        assert db_value(5) == 2
-        assert events.event_value(VIEWS, 5) == 2
+        assert db_value(key) == 2
+        assert events.event_value(VIEWS, key) == 2
         assert events.redis_buffer().pending() == (0, 0)
 
 
@@ -108,12 +109,13 @@ def test_flush_arguments_come_from_the_settings() -> None:
 @pytest.mark.parametrize("path", ["direct", "batching", "redis"])
 def test_the_blog_page_view_example(path: str, redis_url: str) -> None:
     article = Article.objects.create(title="hello")
+    before = db_value(article.pk)  # the queue outlives the tables Django empties between tests
     client = Client()
     with override_settings(PGCOUNTERS_EVENTS=path, PGCOUNTERS_REDIS_URL=redis_url):
         seen = [client.get(f"/articles/{article.pk}/").json()["views"] for _ in range(3)]
-        assert seen == [1, 2, 3]
+        assert seen == [before + 1, before + 2, before + 3]
         assert client.get("/articles/999999/").status_code == 404
         events.reset()  # writes what the batching buffer holds
         if path == "redis":
             call_command("pgcounters", "flush", stdout=StringIO())
-    assert db_value(article.pk) == 3
+    assert db_value(article.pk) == before + 3
