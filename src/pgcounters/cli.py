@@ -185,6 +185,42 @@ def _cmd_server(args: argparse.Namespace, dsn: str) -> int:
         time.sleep(3600)
 
 
+def _cmd_flush(args: argparse.Namespace, dsn: str) -> int:
+    import signal
+    import threading
+
+    from pgcounters.redis_buffer import RedisBuffer, describe, run_worker
+
+    if not args.interval > 0:
+        raise ConfigurationError(f"--interval must be positive, got {args.interval}")
+    with RedisBuffer(dsn, args.redis_url, name=args.buffer, prefix=args.prefix) as buf:
+        if not args.worker:
+            result = buf.flush()
+            keys, inflight = buf.pending()
+            print(f"{describe(result)}; {keys} keys pending, {inflight} flushes in flight")
+            return EXIT_OK
+        stop = threading.Event()
+
+        def request_stop(signum: int, frame: object) -> None:
+            stop.set()
+
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            print(
+                f"flushing Redis buffer {args.buffer!r} every {args.interval}s; "
+                "SIGTERM or Ctrl-C stops after the current flush",
+                flush=True,
+            )
+            total = run_worker(
+                buf, stop, interval=args.interval, report=lambda m: print(m, flush=True)
+            )
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        print(f"stopped; in all: {describe(total)}", flush=True)
+        return EXIT_OK
+
+
 def _scenario_names() -> list[str]:
     from pgcounters.bench import SCENARIOS
 
@@ -264,6 +300,16 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     add("server", _cmd_server, "run the embedded PostgreSQL until Ctrl-C and print its DSN")
+
+    p = add("flush", _cmd_flush, "move increments buffered in Redis to PostgreSQL (exactly once)")
+    p.add_argument("--redis-url", help="Redis URL (default: $PGCOUNTERS_REDIS_URL)")
+    p.add_argument("--buffer", default="default", help="buffer name (default: default)")
+    p.add_argument("--prefix", default="pgcounters", help="Redis key prefix (default: pgcounters)")
+    p.add_argument("--worker", action="store_true", help="keep flushing until SIGTERM or Ctrl-C")
+    p.add_argument(
+        "--interval", type=float, default=1.0, help="worker: seconds between flushes (default: 1)"
+    )
+
     _add_quota_commands(sub)
     return parser
 

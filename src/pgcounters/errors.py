@@ -75,6 +75,26 @@ class DrainError(PgCountersError):
     """Draining the queue failed."""
 
 
+class IncrementBufferError(PgCountersError):
+    """An increment buffer failed."""
+
+
+class BufferFlushFailed(IncrementBufferError):
+    """Writing buffered increments to PostgreSQL failed; they are kept and will be written later."""
+
+
+class BufferFull(IncrementBufferError):
+    """The increment buffer is full because its writes keep failing; the increment was refused."""
+
+
+class BufferClosed(IncrementBufferError):
+    """The increment buffer is closed; the increment was refused."""
+
+
+class RedisUnavailable(IncrementBufferError):
+    """Redis cannot be reached; the operation was not done."""
+
+
 class QuotaError(PgCountersError):
     """A quota operation was refused."""
 

@@ -63,3 +63,8 @@ def _database() -> dict[str, Any]:
 
 
 DATABASES = {"default": _database()}
+
+# Page views and other events counted by the application (see docs/event-counters.md):
+# "direct" (an INSERT in the request's transaction), "batching" or "redis".
+PGCOUNTERS_EVENTS = os.environ.get("PGCOUNTERS_EVENTS", "direct")
+PGCOUNTERS_REDIS_URL = os.environ.get("PGCOUNTERS_REDIS_URL", "")

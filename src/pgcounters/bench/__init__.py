@@ -19,9 +19,18 @@ from pgcounters.bench.report import Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
 
+
+def _redis_buffer(dsn: str, repeat: int, quick: bool) -> Scenario:
+    # imported on use: it needs the redis extra
+    from pgcounters.bench.buffers import redis_buffer
+
+    return redis_buffer(dsn, repeat, quick)
+
+
 SCENARIOS: dict[str, Runner] = {
     "hot-counters": hot.hot_counters,
     "hot-counters-txn": hot.hot_counters_txn,
+    "redis-buffer": _redis_buffer,
     "quota": quota.quota,
 }
 

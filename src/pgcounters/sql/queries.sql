@@ -143,6 +143,31 @@ SELECT set_config('pgcounters.paused', %(value)s, false)
 -- name: get_paused
 SELECT coalesce(current_setting('pgcounters.paused', true), '')
 
+-- name: record_flush
+SELECT pgcounters.record_flush(
+    %(flush_id)s, %(buffer)s, %(keys)s, %(total)s, %(retention)s::interval, %(keep)s::text[]);
+
+-- name: flush_recorded
+SELECT EXISTS (SELECT 1 FROM pgcounters.buffer_flushes WHERE flush_id = %(flush_id)s);
+
+-- name: flushes_recorded
+SELECT ARRAY(SELECT flush_id FROM pgcounters.buffer_flushes WHERE flush_id = ANY (%(ids)s::text[]));
+
+-- name: seed_unread_rows
+INSERT INTO seed_unread_counts (user_id) SELECT generate_series(0, %(keys)s - 1);
+
+-- name: seed_unread_incr
+UPDATE seed_unread_counts SET unread_count = unread_count + %s WHERE user_id = %s;
+
+-- name: seed_unread_values
+SELECT user_id, unread_count FROM seed_unread_counts WHERE unread_count <> 0;
+
+-- name: copy_queue
+COPY pgcounters.queue (target_id, key, delta) FROM STDIN;
+
+-- name: copy_queue_unlogged
+COPY pgcounters.queue_unlogged (target_id, key, delta) FROM STDIN;
+
 -- name: quota_define
 SELECT pgcounters.define_quota(
     %(name)s, %(default_limit)s, %(period)s, %(window_seconds)s, %(time_zone)s, %(log)s);

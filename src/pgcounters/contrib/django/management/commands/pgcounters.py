@@ -19,7 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("args", nargs=REMAINDER, help="a pgcounters command and its options")
 
     def handle(self, *args: str, **options: Any) -> None:
-        argv = ["--dsn", dsn(options["database"]), *args]
+        from pgcounters.contrib.django.events import flush_arguments
+
+        argv = ["--dsn", dsn(options["database"]), *flush_arguments(args)]
         code = cli.run(argv, prog="manage.py pgcounters")
         if code:
             raise CommandError(f"pgcounters exited with status {code}", returncode=code)

@@ -1,0 +1,204 @@
+"""What the increment buffers share: their database link and the flush log.
+
+Both the batching incrementer and the Redis buffer write a batch of netted
+increments in ONE transaction that also records a flush id in
+``pgcounters.buffer_flushes`` (migration 0004). A batch whose outcome is in
+doubt is looked up by its id before it is written again, so it is counted
+once (DESIGN rule 9).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from pgcounters.client import Counter, Counters, array_literal
+from pgcounters.config import connect
+from pgcounters.dberrors import translated
+from pgcounters.errors import ConfigurationError, ConnectionFailed
+from pgcounters.keys import decode_key
+from pgcounters.sqlfiles import query
+
+BUFFER_NAME_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+DEFAULT_RETENTION = dt.timedelta(days=1)
+_INHERITED: list[psycopg.Connection[Any]] = []  # connections of a parent process, never closed
+
+
+def new_flush_id() -> str:
+    """A fresh flush id (32 lower-case hex digits)."""
+    return os.urandom(16).hex()
+
+
+def check_buffer_name(name: object) -> str:
+    if not isinstance(name, str) or BUFFER_NAME_RE.fullmatch(name) is None:
+        raise ConfigurationError(
+            f"invalid buffer name {name!r}: use 1-200 letters, digits and _ . : / -"
+        )
+    return name
+
+
+class DbLink:
+    """One PostgreSQL connection for a buffer, serialised by a lock, reopened when broken.
+
+    Given a DSN, the link owns its connection (autocommit) and reconnects after
+    a failure. Given a connection, it uses that one and never reconnects.
+    Callers hold :attr:`lock` around every use of :meth:`counters`.
+    """
+
+    def __init__(self, database: str | psycopg.Connection[Any]) -> None:
+        self.lock = threading.RLock()
+        if isinstance(database, str):
+            self._dsn: str | None = database
+            self._conn: psycopg.Connection[Any] | None = None
+        elif isinstance(database, psycopg.Connection):
+            self._dsn = None
+            self._conn = database
+        else:
+            raise ConfigurationError(
+                f"database must be a DSN string or a psycopg connection, got {database!r}"
+            )
+        self._pc: Counters | None = None
+
+    def counters(self) -> Counters:
+        """The client on a usable connection (call with :attr:`lock` held)."""
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            if self._dsn is None:
+                raise ConnectionFailed("the connection given to the buffer is closed or broken")
+            self._conn = connect(self._dsn)
+            self._pc = None
+        if self._pc is None:
+            assert self._conn is not None
+            self._pc = Counters(self._conn)
+        return self._pc
+
+    def reset(self) -> None:
+        """Forget a connection that failed (an owned one is closed and reopened on next use)."""
+        with self.lock:
+            if self._dsn is not None and self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self._pc = None
+
+    @classmethod
+    def after_fork(cls, parent: DbLink) -> DbLink:
+        """A link for a forked child: never touches the parent's connection.
+
+        The inherited connection object is kept referenced (closing it, even by
+        garbage collection, would end the parent's session).
+        """
+        if parent._conn is not None:
+            _INHERITED.append(parent._conn)
+        if parent._dsn is not None:
+            return cls(parent._dsn)
+        child = cls.__new__(cls)
+        child.lock = threading.RLock()
+        child._dsn = None
+        child._conn = None
+        child._pc = None
+        return child
+
+    def close(self) -> None:
+        with self.lock:
+            if self._dsn is not None and self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            self._pc = None
+
+
+EncodedIncrement = tuple[Counter, tuple[str, ...], int]
+"""A validated increment: the counter, its key in canonical text form, the delta."""
+
+
+def write_flush(
+    pc: Counters,
+    flush_id: str,
+    buffer: str,
+    rows: Sequence[EncodedIncrement],
+    *,
+    retention: dt.timedelta = DEFAULT_RETENTION,
+    keep: Iterable[str] = (),
+) -> bool:
+    """Write ``rows`` and record ``flush_id`` in one transaction.
+
+    Deltas of queued and unlogged counters are copied into their queue with
+    COPY (a flush of 2,000 keys measured twice as fast as through the
+    multi-row INSERTs of :meth:`Counters.incr_many`, which direct counters
+    still use). Returns
+    False (and writes nothing) when the flush was already recorded. The
+    connection must not be inside a transaction.
+    """
+    conn = pc.conn
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise ConfigurationError("a buffer flush must run outside a transaction")
+    total = sum(delta for _, _, delta in rows)
+    by_queue: dict[str, list[EncodedIncrement]] = {"queued": [], "unlogged": [], "direct": []}
+    for item in rows:
+        if item[2]:
+            by_queue[item[0].mode].append(item)
+    with translated(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            query("record_flush"),
+            {
+                "flush_id": flush_id,
+                "buffer": buffer,
+                "keys": len(rows),
+                "total": total,
+                "retention": retention,
+                "keep": list(keep),
+            },
+        )
+        row = cur.fetchone()
+        fresh = bool(row and row[0])
+        if not fresh:
+            return False
+        for mode, statement in (("queued", "copy_queue"), ("unlogged", "copy_queue_unlogged")):
+            if by_queue[mode]:
+                with cur.copy(query(statement)) as copy:
+                    for counter, encoded, delta in by_queue[mode]:
+                        copy.write_row((counter.id, array_literal(encoded), delta))
+        if by_queue["direct"]:
+            pc.incr_many(
+                (c.name, decode_key(encoded, c.key_types), delta)
+                for c, encoded, delta in by_queue["direct"]
+            )
+    return True
+
+
+def flush_recorded(pc: Counters, flush_id: str) -> bool:
+    """True when ``flush_id`` was committed."""
+    with translated(), pc.conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("flush_recorded"), {"flush_id": flush_id})
+        row = cur.fetchone()
+    return bool(row and row[0])
+
+
+def exact_with_flushes(
+    pc: Counters, counter: Counter, encoded: Sequence[str], ids: Sequence[str]
+) -> tuple[int, set[str]]:
+    """Exact database value of one counter and which of ``ids`` are recorded, in ONE statement.
+
+    One statement means one snapshot: a flush is either counted in the value and
+    listed as recorded, or neither (DESIGN rule 3).
+    """
+    params: dict[str, Any] = {"t": counter.id, "k": list(encoded), "ids": list(ids)}
+    exact: sql.Composable
+    if counter.is_column:
+        params["v"] = decode_key([encoded[0]], counter.key_types)[0]
+        exact = counter.composed("exact_column")
+    else:
+        exact = sql.SQL(query("exact_named"))
+    statement = sql.SQL("SELECT ({}), ({})").format(exact, sql.SQL(query("flushes_recorded")))
+    with translated(), pc.conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(statement, params)
+        row = cur.fetchone()
+    assert row is not None
+    return int(row[0]), set(row[1] or ())

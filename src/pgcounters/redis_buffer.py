@@ -1,0 +1,530 @@
+"""The Redis write-behind buffer (S13): increments go to Redis, a flusher moves them to PostgreSQL.
+
+Layout in Redis (one buffer, all keys under one hash tag ``{name}``)::
+
+    PREFIX:{NAME}:pending        hash  field = JSON [counter, [key parts]] -> summed delta
+    PREFIX:{NAME}:next           the id the next flush will take (created on first use)
+    PREFIX:{NAME}:inflight       sorted set of flush ids taken and not yet acknowledged
+    PREFIX:{NAME}:flush:<id>     the hash taken by flush <id>
+    PREFIX:{NAME}:rejected       fields a flush could not apply (unknown counter, bad key)
+
+``incr`` is one ``HINCRBY`` on the pending hash (in a Lua script that first
+makes sure ``next`` exists). A flush:
+
+1. recovers flushes left in flight by a flusher that died (step 3 and 4 for each);
+2. **takes** the pending hash atomically (a Lua script: ``RENAME`` it to
+   ``flush:<id>`` where ``<id>`` is the value of ``next``, store a fresh ``next``,
+   add ``<id>`` to the in-flight set);
+3. **applies** it in ONE PostgreSQL transaction that writes the netted deltas
+   to the queue (COPY; ``Counters.incr_many`` for direct counters) and records ``<id>`` in
+   ``pgcounters.buffer_flushes``; an id already recorded is not applied again;
+4. **acknowledges** in Redis: deletes ``flush:<id>`` and removes ``<id>`` from
+   the in-flight set (one ``MULTI``).
+
+A flusher that dies between 3 and 4 leaves ``<id>`` in flight; the next flush
+finds it recorded and only acknowledges it: never counted twice (DESIGN rule 9).
+
+**Exact reads** run one Lua script (the ``next`` id, the pending value, the
+value in every in-flight flush) and then ONE SQL statement (the exact database
+value and which of those ids are recorded, from one snapshot). A flush
+recorded in that snapshot is counted from the database, any other from Redis;
+the pending value is counted from Redis unless the flush that takes it (the
+``next`` id) is already recorded.
+
+**Durability.** An increment acknowledged by ``incr`` lives in Redis until a
+flush commits it. Lost are: what Redis loses (all of the pending and in-flight
+hashes without persistence; what was written after the last save/fsync with
+RDB/AOF), and, when Redis comes back from a snapshot older than the last flush
+(its ``next`` id is already recorded), the increments made after the restart
+until the first flush after it. That restored hash is skipped (logged as a
+warning), never applied twice. See docs/event-counters.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from pgcounters.client import Counter, Increment
+from pgcounters.config import redact
+from pgcounters.errors import (
+    BufferFlushFailed,
+    ConfigurationError,
+    IncrementBufferError,
+    PgCountersError,
+    RedisUnavailable,
+    UnknownCounter,
+)
+from pgcounters.flushlog import (
+    DEFAULT_RETENTION,
+    DbLink,
+    EncodedIncrement,
+    check_buffer_name,
+    exact_with_flushes,
+    new_flush_id,
+    write_flush,
+)
+from pgcounters.keys import check_delta, check_name, decode_key, encode_key
+
+log = logging.getLogger("pgcounters.redis_buffer")
+
+REDIS_URL_VARIABLE = "PGCOUNTERS_REDIS_URL"
+Fallback = Literal["raise", "database"]
+
+_TAKE = """
+-- KEYS: pending, next, inflight; ARGV: flush key prefix, id if none is set, the following id
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local id = redis.call('GET', KEYS[2]) or ARGV[2]
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('RENAME', KEYS[1], ARGV[1] .. id)
+redis.call('ZADD', KEYS[3], redis.call('TIME')[1], id)
+return id
+"""
+
+_READ = """
+-- KEYS: pending, next, inflight; ARGV: field, flush key prefix, id if none is set
+local nxt = redis.call('GET', KEYS[2])
+if not nxt then
+  redis.call('SET', KEYS[2], ARGV[3])
+  nxt = ARGV[3]
+end
+local out = {nxt, redis.call('HGET', KEYS[1], ARGV[1])}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+  local v = redis.call('HGET', ARGV[2] .. id, ARGV[1])
+  if v then
+    out[#out + 1] = id
+    out[#out + 1] = v
+  end
+end
+return out
+"""
+
+_INCR = """
+-- KEYS: pending, next; ARGV: field, delta, id if none is set
+-- The id of the flush that will take an increment exists before the increment:
+-- a snapshot of Redis that holds the increment also holds that id.
+redis.call('SET', KEYS[2], ARGV[3], 'NX')
+return redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+"""
+
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def redis_url(explicit: str | None = None) -> str:
+    """The Redis URL: ``explicit``, else ``PGCOUNTERS_REDIS_URL``; else ConfigurationError."""
+    url = explicit or os.environ.get(REDIS_URL_VARIABLE, "").strip()
+    if not url:
+        raise ConfigurationError(
+            f"no Redis configured: pass a URL or set {REDIS_URL_VARIABLE} (redis://host:6379/0)"
+        )
+    return url
+
+
+def connect_redis(url: str) -> redis.Redis:
+    """A client for ``url`` that does not retry commands on its own.
+
+    A retried ``HINCRBY`` whose first reply was lost would count twice; a
+    failure is surfaced instead (as RedisUnavailable, or the database fallback).
+    """
+    try:
+        return redis.Redis.from_url(
+            url,
+            retry=Retry(NoBackoff(), 0),
+            socket_connect_timeout=2.0,
+            socket_timeout=5.0,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(f"invalid Redis URL {redact(url)!r}: {exc}") from exc
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """What one :meth:`RedisBuffer.flush` did."""
+
+    flushes: int = 0
+    """flushes applied to PostgreSQL (taken now or recovered)"""
+    recovered: int = 0
+    """flushes left in flight by an earlier flusher, found and resolved"""
+    skipped: int = 0
+    """flushes found already recorded in PostgreSQL, acknowledged without applying"""
+    keys: int = 0
+    """(counter, key) pairs written"""
+    total: int = 0
+    """sum of the deltas written"""
+    rejected: int = 0
+    """fields moved to the rejected hash (unknown counter or bad key)"""
+    seconds: float = 0.0
+
+    def __add__(self, other: FlushResult) -> FlushResult:
+        return FlushResult(
+            self.flushes + other.flushes,
+            self.recovered + other.recovered,
+            self.skipped + other.skipped,
+            self.keys + other.keys,
+            self.total + other.total,
+            self.rejected + other.rejected,
+            self.seconds + other.seconds,
+        )
+
+
+_LIVE: weakref.WeakSet[RedisBuffer] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for buffer in list(_LIVE):
+        buffer._link = DbLink.after_fork(buffer._link)
+        buffer._flush_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class RedisBuffer:
+    """Increments buffered in Redis and flushed to PostgreSQL exactly once.
+
+    Thread-safe. A forked child gets its own database connection (redis-py
+    reconnects by itself after a fork).
+
+    ``database``: a DSN (the buffer owns its connection) or a psycopg connection.
+    ``redis_client``: a URL, a ``redis.Redis`` client, or None for ``PGCOUNTERS_REDIS_URL``.
+    ``fallback``: when Redis is unreachable, ``"raise"`` raises RedisUnavailable
+    (the increment is not counted) and ``"database"`` writes the increment to
+    the database queue instead (``Counters.incr``), logging a warning.
+    """
+
+    def __init__(
+        self,
+        database: str | psycopg.Connection[Any],
+        redis_client: str | redis.Redis | None = None,
+        *,
+        name: str = "default",
+        prefix: str = "pgcounters",
+        fallback: Fallback = "raise",
+        retention: dt.timedelta = DEFAULT_RETENTION,
+    ) -> None:
+        if fallback not in ("raise", "database"):
+            raise ConfigurationError(f"fallback must be 'raise' or 'database', got {fallback!r}")
+        self.name = check_buffer_name(name)
+        self.prefix = check_buffer_name(prefix)
+        self.fallback: Fallback = fallback
+        self.retention = retention
+        if isinstance(redis_client, redis.Redis):
+            self.redis = redis_client
+            self._owns_redis = False
+            self._where = "the given Redis client"
+        else:
+            url = redis_url(redis_client)
+            self.redis = connect_redis(url)
+            self._owns_redis = True
+            self._where = f"Redis at {redact(url)}"
+        self._link = DbLink(database)
+        self._counters: dict[str, Counter] = {}
+        self._flush_lock = threading.Lock()
+        base = f"{self.prefix}:{{{self.name}}}"
+        self.pending_key = base + ":pending"
+        self.next_key = base + ":next"
+        self.inflight_key = base + ":inflight"
+        self.flush_prefix = base + ":flush:"
+        self.rejected_key = base + ":rejected"
+        self._incr = self.redis.register_script(_INCR)
+        self._take = self.redis.register_script(_TAKE)
+        self._read = self.redis.register_script(_READ)
+        _LIVE.add(self)
+        self.after_commit: Callable[[str], object] | None = None
+        """Called with the flush id between the database commit and the Redis
+        acknowledgement (a seam for fault tests and instrumentation)."""
+
+    # -- validation ---------------------------------------------------------
+
+    def _counter(self, name: str) -> Counter:
+        found = self._counters.get(name)
+        if found is None:
+            with self._link.lock:
+                found = self._link.counters().counter(name)
+            self._counters[name] = found
+        return found
+
+    def field(self, name: str, key: object = None) -> str:
+        """The validated hash field of one counter and key."""
+        counter = self._counter(name)
+        encoded = encode_key(key, counter.key_types, name)
+        return json.dumps([name, encoded], separators=(",", ":"), ensure_ascii=False)
+
+    def _unavailable(self, exc: Exception, what: str) -> RedisUnavailable:
+        return RedisUnavailable(f"{self._where} is unreachable ({exc}); {what}")
+
+    # -- increments ---------------------------------------------------------
+
+    def incr(self, name: str, key: object = None, delta: int = 1) -> None:
+        """Add ``delta`` in Redis (one HINCRBY). Acknowledged when this returns."""
+        field = self.field(name, key)
+        check_delta(delta)
+        try:
+            self._incr(keys=[self.pending_key, self.next_key], args=[field, delta, new_flush_id()])
+        except _UNREACHABLE as exc:
+            self._fall_back(exc, [(name, key, delta)])
+        except redis.exceptions.ResponseError as exc:
+            raise IncrementBufferError(f"Redis refused the increment of {name!r}: {exc}") from exc
+
+    def incr_many(self, items: Iterable[Increment]) -> None:
+        """Add many increments in one MULTI (all or none); each item is validated first."""
+        batch = list(items)
+        fields = []
+        for name, key, delta in batch:
+            fields.append((self.field(name, key), check_delta(delta)))
+        if not fields:
+            return
+        try:
+            with self.redis.pipeline(transaction=True) as pipe:
+                pipe.set(self.next_key, new_flush_id(), nx=True)
+                for field, delta in fields:
+                    pipe.hincrby(self.pending_key, field, delta)
+                pipe.execute()
+        except _UNREACHABLE as exc:
+            self._fall_back(exc, batch)
+        except redis.exceptions.ResponseError as exc:
+            raise IncrementBufferError(f"Redis refused the increments: {exc}") from exc
+
+    def _fall_back(self, exc: Exception, items: Sequence[Increment]) -> None:
+        if self.fallback != "database":
+            raise self._unavailable(exc, "the increment was not counted") from exc
+        log.warning(
+            "%s is unreachable (%s): %d increments written to the database queue instead",
+            self._where,
+            exc,
+            len(items),
+        )
+        with self._link.lock:
+            self._link.counters().incr_many(items)
+
+    # -- reads --------------------------------------------------------------
+
+    def get(self, name: str, key: object = None) -> int:
+        """Exact value: the database's exact value plus what is still in Redis."""
+        field = self.field(name, key)
+        counter = self._counters[name]
+        encoded = encode_key(key, counter.key_types, name)
+        try:
+            raw = self._read(
+                keys=[self.pending_key, self.next_key, self.inflight_key],
+                args=[field, self.flush_prefix, new_flush_id()],
+            )
+        except _UNREACHABLE as exc:
+            raise self._unavailable(exc, "an exact read needs it") from exc
+        next_id, pending = _text(raw[0]), int(raw[1] or 0)
+        parts = [(_text(raw[i]), int(raw[i + 1])) for i in range(2, len(raw), 2)]
+        with self._link.lock:
+            value, recorded = exact_with_flushes(
+                self._link.counters(), counter, encoded, [next_id, *(fid for fid, _ in parts)]
+            )
+        if next_id not in recorded:
+            value += pending
+        return value + sum(v for fid, v in parts if fid not in recorded)
+
+    def pending(self) -> tuple[int, int]:
+        """(keys waiting in the pending hash, flushes in flight)."""
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hlen(self.pending_key)
+                pipe.zcard(self.inflight_key)
+                keys, inflight = pipe.execute()
+        except _UNREACHABLE as exc:
+            raise self._unavailable(exc, "cannot count what is pending") from exc
+        return int(keys), int(inflight)
+
+    # -- flushing -----------------------------------------------------------
+
+    def flush(self) -> FlushResult:
+        """Recover flushes left in flight, then take and apply what is pending now.
+
+        Raises RedisUnavailable when Redis cannot be reached, BufferFlushFailed
+        when PostgreSQL refuses the write (the taken hash stays in flight in
+        Redis and the next flush applies it).
+        """
+        started = time.perf_counter()
+        with self._flush_lock:
+            try:
+                inflight = [_text(i) for i in self.redis.zrange(self.inflight_key, 0, -1)]
+                result = FlushResult()
+                for flush_id in inflight:
+                    result += self._apply(flush_id, inflight, recovered=True)
+                taken = self._take(
+                    keys=[self.pending_key, self.next_key, self.inflight_key],
+                    args=[self.flush_prefix, new_flush_id(), new_flush_id()],
+                )
+                if taken:
+                    flush_id = _text(taken)
+                    result += self._apply(flush_id, [*inflight, flush_id], recovered=False)
+            except _UNREACHABLE as exc:
+                raise self._unavailable(exc, "nothing was flushed now") from exc
+        return FlushResult(
+            result.flushes,
+            result.recovered,
+            result.skipped,
+            result.keys,
+            result.total,
+            result.rejected,
+            time.perf_counter() - started,
+        )
+
+    def _parse(self, raw: dict[Any, Any]) -> tuple[list[EncodedIncrement], dict[str, int]]:
+        items: list[EncodedIncrement] = []
+        rejected: dict[str, int] = {}
+        for raw_field, raw_value in raw.items():
+            field, value = _text(raw_field), int(raw_value)
+            try:
+                name, parts = json.loads(field)
+                counter = self._counter(check_name(name))
+                key = decode_key(parts, counter.key_types)
+                if len(parts) != len(counter.key_types) or encode_key(
+                    key if len(key) != 1 else key[0], counter.key_types, name
+                ) != list(parts):
+                    raise ValueError("key is not in canonical form")
+            except (ValueError, TypeError, PgCountersError) as exc:
+                if not isinstance(exc, UnknownCounter):
+                    log.error("buffer %r: rejected field %r: %s", self.name, field, exc)
+                rejected[field] = value
+                continue
+            if value:
+                items.append((counter, tuple(parts), value))
+        return items, rejected
+
+    def _apply(self, flush_id: str, in_doubt: list[str], *, recovered: bool) -> FlushResult:
+        flush_key = self.flush_prefix + flush_id
+        raw = self.redis.hgetall(flush_key)
+        if not raw:
+            # acknowledged by another flusher meanwhile
+            self.redis.zrem(self.inflight_key, flush_id)
+            return FlushResult()
+        items, rejected = self._parse(raw)
+        with self._link.lock:
+            try:
+                fresh = write_flush(
+                    self._link.counters(),
+                    flush_id,
+                    self.name,
+                    items,
+                    retention=self.retention,
+                    keep=in_doubt,
+                )
+            except (psycopg.Error, PgCountersError) as exc:
+                self._link.reset()
+                raise BufferFlushFailed(
+                    f"flush {flush_id} of Redis buffer {self.name!r} could not be written "
+                    f"({exc}); it stays in Redis and the next flush applies it"
+                ) from exc
+        if self.after_commit is not None:
+            self.after_commit(flush_id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            for field, value in rejected.items():
+                pipe.hincrby(self.rejected_key, field, value)
+            pipe.delete(flush_key)
+            pipe.zrem(self.inflight_key, flush_id)
+            pipe.execute()
+        if rejected:
+            log.error(
+                "buffer %r: %d fields of flush %s were not applied (unknown counter or bad key); "
+                "they are kept in %s",
+                self.name,
+                len(rejected),
+                flush_id,
+                self.rejected_key,
+            )
+        total = sum(delta for _, _, delta in items)
+        if not fresh:
+            if recovered:
+                log.info(
+                    "buffer %r: flush %s was already applied; acknowledged", self.name, flush_id
+                )
+            else:
+                log.warning(
+                    "buffer %r: flush %s was already applied: Redis came back from a snapshot "
+                    "older than its last flush. The restored hash (%d keys, total %d) is skipped, "
+                    "not counted twice; increments made since the restart are lost with it",
+                    self.name,
+                    flush_id,
+                    len(items),
+                    total,
+                )
+            return FlushResult(recovered=int(recovered), skipped=1, rejected=len(rejected))
+        return FlushResult(
+            flushes=1,
+            recovered=int(recovered),
+            keys=len(items),
+            total=total,
+            rejected=len(rejected),
+        )
+
+    def close(self) -> None:
+        self._link.close()
+        if self._owns_redis:
+            self.redis.close()
+
+    def __enter__(self) -> RedisBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_worker(
+    buffer: RedisBuffer,
+    stop: threading.Event,
+    *,
+    interval: float = 1.0,
+    report: Callable[[str], object] = print,
+) -> FlushResult:
+    """Flush every ``interval`` seconds until ``stop`` is set; errors are reported and retried.
+
+    A flush in progress when ``stop`` is set is finished first. Returns the sum
+    of every flush.
+    """
+    total = FlushResult()
+    backoff = 0.0
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            result = buffer.flush()
+        except (IncrementBufferError, PgCountersError) as exc:
+            report(f"flush failed: {exc}")
+            backoff = min(max(backoff * 2, interval), 30.0)
+            stop.wait(backoff)
+            continue
+        backoff = 0.0
+        total += result
+        if result.flushes or result.skipped or result.rejected:
+            report(describe(result))
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+    return total
+
+
+def describe(r: FlushResult) -> str:
+    """One line about a flush result."""
+    if not (r.flushes or r.skipped or r.rejected):
+        return "nothing to flush"
+    text = f"flushed {r.flushes} ({r.keys} keys, total {r.total}) in {r.seconds:.3f}s"
+    if r.recovered:
+        text += f"; {r.recovered} recovered from an interrupted flusher"
+    if r.skipped:
+        text += f"; {r.skipped} already applied, skipped"
+    if r.rejected:
+        text += f"; {r.rejected} fields rejected"
+    return text
