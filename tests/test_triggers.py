@@ -371,6 +371,19 @@ def test_verify_samples_and_reports_mismatches(blog: psycopg.Connection[Any]) ->
         verify(blog, "not.recorded")
 
 
+def _drainer(
+    dsn: str, stop: threading.Event, errors: list[BaseException], batch_size: int, batches: int
+) -> None:
+    """Drain small batches until ``stop`` is set; record any error."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            pc = Counters(c)
+            while not stop.is_set():
+                pc.drain(batch_size=batch_size, max_batches=batches)
+    except BaseException as exc:
+        errors.append(exc)
+
+
 def test_recount_during_writes_and_drains_ends_exact(
     blog: psycopg.Connection[Any], dsn: str
 ) -> None:
@@ -406,17 +419,8 @@ def test_recount_during_writes_and_drains_ends_exact(
         except BaseException as exc:
             errors.append(exc)
 
-    def drainer() -> None:
-        try:
-            with psycopg.connect(dsn, autocommit=True) as c:
-                pc = Counters(c)
-                while not stop.is_set():
-                    pc.drain(batch_size=5, max_batches=3)
-        except BaseException as exc:
-            errors.append(exc)
-
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
-    threads += [threading.Thread(target=drainer) for _ in range(2)]
+    threads += [threading.Thread(target=_drainer, args=(dsn, stop, errors, 5, 3)) for _ in range(2)]
     for t in threads:
         t.start()
     try:
@@ -582,17 +586,10 @@ def test_threads_with_multi_row_transactions_and_drainers(
         except BaseException as exc:
             errors.append(exc)
 
-    def drainer() -> None:
-        try:
-            with psycopg.connect(dsn, autocommit=True) as c:
-                pc = Counters(c)
-                while not stop.is_set():
-                    pc.drain(batch_size=10, max_batches=5)
-        except BaseException as exc:
-            errors.append(exc)
-
     writers = [threading.Thread(target=writer, args=(i,)) for i in range(1, 9)]
-    drainers = [threading.Thread(target=drainer) for _ in range(2)]
+    drainers = [
+        threading.Thread(target=_drainer, args=(dsn, stop, errors, 10, 5)) for _ in range(2)
+    ]
     for t in writers + drainers:
         t.start()
     for t in writers:

@@ -53,7 +53,7 @@ from typing import Any
 
 import psycopg
 
-from pgcounters.client import Counter, Increment
+from pgcounters.client import Increment
 from pgcounters.errors import (
     BufferClosed,
     BufferFlushFailed,
@@ -201,7 +201,6 @@ class BatchingCounters:
         self._batches: list[_Batch] = []
         self._batched_keys = 0
         self._closed = False
-        self._counters: dict[str, Counter] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -214,17 +213,9 @@ class BatchingCounters:
 
     # -- validation ---------------------------------------------------------
 
-    def _counter(self, name: str) -> Counter:
-        found = self._counters.get(name)
-        if found is None:
-            with self._link.lock:
-                found = self._link.counters().counter(name)
-            self._counters[name] = found
-        return found
-
     def validate(self, name: str, key: object = None, delta: int = 0) -> BufferKey:
         """Check an increment (counter declared, key and delta valid); its buffer key."""
-        counter = self._counter(name)
+        counter = self._link.counter(name)
         encoded = tuple(encode_key(key, counter.key_types, name))
         check_delta(delta)
         return name, encoded
@@ -343,7 +334,7 @@ class BatchingCounters:
 
     def _items(self, batch: _Batch) -> list[EncodedIncrement]:
         return [
-            (self._counters[name], encoded, delta)
+            (self._link.counter(name), encoded, delta)
             for (name, encoded), delta in batch.deltas.items()
             if delta != 0
         ]
@@ -379,7 +370,7 @@ class BatchingCounters:
     def get(self, name: str, key: object = None) -> int:
         """Exact value: the database's exact value plus what this process has not written yet."""
         k = self.validate(name, key, 0)
-        counter = self._counters[name]
+        counter = self._link.counter(name)
         with self._flush_lock:  # no write in progress
             with self._lock:
                 unwritten = [(b.flush_id, b.deltas.get(k, 0), b.in_doubt) for b in self._batches]

@@ -66,6 +66,16 @@ class DbLink:
                 f"database must be a DSN string or a psycopg connection, got {database!r}"
             )
         self._pc: Counters | None = None
+        self._declared: dict[str, Counter] = {}
+
+    def counter(self, name: str) -> Counter:
+        """A counter's declaration, looked up once (UnknownCounter if it is not declared)."""
+        found = self._declared.get(name)
+        if found is None:
+            with self.lock:
+                found = self.counters().counter(name)
+            self._declared[name] = found
+        return found
 
     def counters(self) -> Counters:
         """The client on a usable connection (call with :attr:`lock` held)."""

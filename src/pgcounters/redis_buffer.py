@@ -58,7 +58,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pgcounters.client import Counter, Increment
+from pgcounters.client import Increment
 from pgcounters.config import redact
 from pgcounters.errors import (
     BufferFlushFailed,
@@ -236,7 +236,6 @@ class RedisBuffer:
             self._owns_redis = True
             self._where = f"Redis at {redact(url)}"
         self._link = DbLink(database)
-        self._counters: dict[str, Counter] = {}
         self._flush_lock = threading.Lock()
         base = f"{self.prefix}:{{{self.name}}}"
         self.pending_key = base + ":pending"
@@ -254,17 +253,9 @@ class RedisBuffer:
 
     # -- validation ---------------------------------------------------------
 
-    def _counter(self, name: str) -> Counter:
-        found = self._counters.get(name)
-        if found is None:
-            with self._link.lock:
-                found = self._link.counters().counter(name)
-            self._counters[name] = found
-        return found
-
     def field(self, name: str, key: object = None) -> str:
         """The validated hash field of one counter and key."""
-        counter = self._counter(name)
+        counter = self._link.counter(name)
         encoded = encode_key(key, counter.key_types, name)
         return json.dumps([name, encoded], separators=(",", ":"), ensure_ascii=False)
 
@@ -320,7 +311,7 @@ class RedisBuffer:
     def get(self, name: str, key: object = None) -> int:
         """Exact value: the database's exact value plus what is still in Redis."""
         field = self.field(name, key)
-        counter = self._counters[name]
+        counter = self._link.counter(name)
         encoded = encode_key(key, counter.key_types, name)
         try:
             raw = self._read(
@@ -392,7 +383,7 @@ class RedisBuffer:
             field, value = _text(raw_field), int(raw_value)
             try:
                 name, parts = json.loads(field)
-                counter = self._counter(check_name(name))
+                counter = self._link.counter(check_name(name))
                 key = decode_key(parts, counter.key_types)
                 if len(parts) != len(counter.key_types) or encode_key(
                     key if len(key) != 1 else key[0], counter.key_types, name
