@@ -17,6 +17,7 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PC003": errors.UnknownCounter,
     "PC004": errors.InvalidKey,
     "PC005": errors.DrainError,
+    "PC006": errors.ConfigurationError,
 }
 
 _CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {

@@ -73,3 +73,7 @@ class CounterOverflow(CounterError):
 
 class DrainError(PgCountersError):
     """Draining the queue failed."""
+
+
+class WorkerError(PgCountersError):
+    """The worker stopped on an error it cannot recover from."""
