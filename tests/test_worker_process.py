@@ -295,7 +295,7 @@ def test_the_worker_reconnects_after_postgresql_restarts(
                         expected[key] += value - before[key]
             with psycopg.connect(dsn, autocommit=True) as conn:
                 # caught up: everything queued before and after the restarts is applied
-                wait_for(lambda: queued(conn) == 0, timeout=120)  # noqa: B023
+                wait_for(lambda: queued(conn) == 0, timeout=120)
                 assert stored(Counters(conn), [("c", 10)]) == expected
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
