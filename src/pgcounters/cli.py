@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
+
 from pgcounters import __version__, demo, schema
 from pgcounters.client import MODES, Counters
 from pgcounters.config import connect, database
 from pgcounters.dberrors import translated
-from pgcounters.errors import ConfigurationError, InvalidKey, PgCountersError
+from pgcounters.errors import ConfigurationError, DrainError, InvalidKey, PgCountersError
 from pgcounters.keys import KeyType
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MORE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -164,12 +166,18 @@ def _cmd_drain(args: argparse.Namespace, dsn: str) -> int:
                 (f"{round(args.statement_timeout * 1000)}ms",),
             )
         pc = Counters(conn)
-        result = pc.drain(
-            args.batch_size,
-            max_batches=args.max_batches,
-            time_limit=args.time_limit,
-            stop=lambda: signals.received > 0,
-        )
+        try:
+            result = pc.drain(
+                args.batch_size,
+                max_batches=args.max_batches,
+                time_limit=args.time_limit,
+                stop=lambda: signals.received > 0,
+            )
+        except psycopg.errors.QueryCanceled as exc:
+            raise DrainError(
+                "a batch was cancelled by the statement timeout and rolled back (its deltas "
+                "stay queued): use a smaller --batch-size or a longer --statement-timeout"
+            ) from exc
         logged, unlogged = pc.pending()
     bounded = args.max_batches is not None or args.time_limit is not None or signals.received > 0
     code = EXIT_MORE if bounded and logged + unlogged else EXIT_OK
