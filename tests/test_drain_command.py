@@ -39,7 +39,8 @@ def test_json_output_and_exit_0_when_emptied(
     assert (report["deltas"], report["keys"], report["remaining"]) == (
         50, 50, {"logged": 0, "unlogged": 0},
     )  # fmt: skip
-    assert report["batches"] == 5 + 3  # 30 in batches of 7, 20 in batches of 7
+    # 30 in batches of 7, 20 in batches of 7, then one empty batch per queue
+    assert report["batches"] == 5 + 3 + 2
     assert report["stopped_by_signal"] is False
     assert queued.get("u", 3, exact=False) == 2
 

@@ -406,8 +406,10 @@ class Counters:
         """Drain both queues until they are empty (or a bound is reached).
 
         The queues take turns, a batch each, so a busy logged queue does not
-        starve the unlogged one when a bound ends the drain. ``stop`` is
-        asked before every batch (e.g. set by a signal handler).
+        starve the unlogged one when a bound ends the drain; a queue is done
+        when a batch finds nothing (a batch may hold fewer than ``batch_size``
+        deltas while more are queued, see ``drain_batch`` in the SQL).
+        ``stop`` is asked before every batch (e.g. set by a signal handler).
         """
         started = time.perf_counter()
         deltas = keys = batches = 0
@@ -424,7 +426,7 @@ class Counters:
                 batches += 1
                 deltas += got
                 keys += touched
-                if got < batch_size:
+                if got == 0:
                     active.remove(unlogged)
         return DrainResult(deltas, keys, batches, time.perf_counter() - started)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from pgcounters.bench import hot
+from pgcounters.bench import drain, hot
 from pgcounters.bench.report import Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
@@ -22,6 +22,8 @@ __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
 SCENARIOS: dict[str, Runner] = {
     "hot-counters": hot.hot_counters,
     "hot-counters-txn": hot.hot_counters_txn,
+    "drain": drain.drain,
+    "drain-lag": drain.drain_lag,
 }
 
 
