@@ -44,6 +44,7 @@ from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.schema import install
+from pgcounters.worker import APPLICATION_NAME
 
 KEYS = 10
 BATCH = 100_000
@@ -186,6 +187,7 @@ class _Writers:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self.started = self.seconds = 0.0
 
     def _run(self, idx: int) -> None:
         local: Tally[int] = Tally()
@@ -212,6 +214,7 @@ class _Writers:
             self.tally.update(local)
 
     def start(self) -> None:
+        self.started = time.perf_counter()
         self._threads = [
             threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.threads)
         ]
@@ -222,6 +225,7 @@ class _Writers:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=60)
+        self.seconds = time.perf_counter() - self.started
         if self.errors:
             raise self.errors[0]
 
@@ -276,15 +280,22 @@ def _lag_run(dsn: str, variant: str, rate: float, seconds: float) -> Measurement
     sampler = threading.Thread(target=_sample_lag, args=(dsn, stop, samples), daemon=True)
     writers = _Writers(dsn, 4, rate)
     try:
-        time.sleep(1.0)  # the worker is up
+        with connect(dsn) as conn:
+            deadline = time.monotonic() + 120
+            while conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                " AND datname = current_database()",
+                (APPLICATION_NAME,),
+            ).fetchone() != (1,):
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise RuntimeError("the worker did not start")
+                time.sleep(0.05)
         writers.start()
         time.sleep(0.5)  # warm-up
         sampler.start()
-        started = time.perf_counter()
         time.sleep(seconds)
         stop.set()
         sampler.join(timeout=60)
-        elapsed = time.perf_counter() - started
         writers.stop()
         with connect(dsn) as conn:
             deadline = time.monotonic() + 120
@@ -297,7 +308,7 @@ def _lag_run(dsn: str, variant: str, rate: float, seconds: float) -> Measurement
     done = sum(writers.tally.values())
     exact = dict(enumerate(values)) == {k: writers.tally.get(k, 0) for k in range(KEYS)}
     return Measurement(
-        elapsed,
+        writers.seconds,
         done,
         exact,
         {
@@ -315,6 +326,7 @@ def _insert_run(dsn: str, variant: str, seconds: float) -> Measurement:
     writers.start()
     time.sleep(seconds)
     writers.stop()
+    seconds = writers.seconds
     with connect(dsn) as conn:
         pc = Counters(conn)
         pc.drain()
@@ -324,9 +336,13 @@ def _insert_run(dsn: str, variant: str, seconds: float) -> Measurement:
     return Measurement(seconds, sum(writers.tally.values()), exact)
 
 
+def _lag_seconds(quick: bool) -> float:
+    return 3.0 if quick else 10.0
+
+
 def drain_lag(dsn: str, repeat: int, quick: bool) -> Scenario:
     rate = 4000.0
-    seconds = 3.0 if quick else 10.0
+    seconds = _lag_seconds(quick)
     scenario = Scenario(
         "drain-lag",
         f"4 writers at {rate:,.0f} increments/s in total, each its own transaction, for "
