@@ -14,10 +14,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
+
 from pgcounters import __version__, demo, schema
 from pgcounters.client import MODES, Counters
 from pgcounters.config import connect, database
-from pgcounters.errors import ConfigurationError, InvalidKey, PgCountersError
+from pgcounters.dberrors import translated
+from pgcounters.errors import ConfigurationError, DrainError, InvalidKey, PgCountersError
 from pgcounters.keys import KeyType
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MORE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -151,16 +154,47 @@ def _cmd_top(args: argparse.Namespace, dsn: str) -> int:
 
 
 def _cmd_drain(args: argparse.Namespace, dsn: str) -> int:
-    with connect(dsn) as conn:
+    from pgcounters.worker import GracefulSignals
+
+    if args.batch_size < 1:
+        raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
+    signals = GracefulSignals(lambda: None)
+    with connect(dsn) as conn, signals:
+        if args.statement_timeout is not None:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                (f"{round(args.statement_timeout * 1000)}ms",),
+            )
         pc = Counters(conn)
-        result = pc.drain(args.batch_size, max_batches=args.max_batches, time_limit=args.time_limit)
+        try:
+            result = pc.drain(
+                args.batch_size,
+                max_batches=args.max_batches,
+                time_limit=args.time_limit,
+                stop=lambda: signals.received > 0,
+            )
+        except psycopg.errors.QueryCanceled as exc:
+            raise DrainError(
+                "a batch was cancelled by the statement timeout and rolled back (its deltas "
+                "stay queued): use a smaller --batch-size or a longer --statement-timeout"
+            ) from exc
         logged, unlogged = pc.pending()
-    print(
-        f"applied {result.deltas} deltas to {result.keys} keys in {result.batches} batches, "
-        f"{result.seconds:.3f}s ({result.rate:,.0f} deltas/s); {logged + unlogged} still queued"
-    )
-    bounded = args.max_batches is not None or args.time_limit is not None
-    return EXIT_MORE if bounded and logged + unlogged else EXIT_OK
+    bounded = args.max_batches is not None or args.time_limit is not None or signals.received > 0
+    code = EXIT_MORE if bounded and logged + unlogged else EXIT_OK
+    if args.json:
+        print(json.dumps({
+            "deltas": result.deltas, "keys": result.keys, "batches": result.batches,
+            "seconds": round(result.seconds, 6), "deltas_per_second": round(result.rate, 1),
+            "remaining": {"logged": logged, "unlogged": unlogged},
+            "stopped_by_signal": signals.received > 0, "exit_code": code,
+        }))  # fmt: skip
+    elif not args.quiet:
+        print(
+            f"applied {result.deltas} deltas to {result.keys} keys in {result.batches} batches, "
+            f"{result.seconds:.3f}s ({result.rate:,.0f} deltas/s); "
+            f"{logged + unlogged} still queued"
+        )
+    return code
 
 
 def _cmd_demo(args: argparse.Namespace, dsn: str) -> int:
@@ -286,6 +320,12 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=10_000)
     p.add_argument("--max-batches", type=int)
     p.add_argument("--time-limit", type=float, help="stop starting batches after this many seconds")
+    p.add_argument(
+        "--statement-timeout", type=float, metavar="S", help="abort a batch running longer than S"
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--quiet", "-q", action="store_true", help="print nothing unless it fails")
+    out.add_argument("--json", action="store_true", help="print one JSON object")
 
     add("demo", _cmd_demo, "run the seed's hot-counter workload, naive vs pgcounters")
     p = add("bench", _cmd_bench, "measure pgcounters against the seed's techniques, side by side")
@@ -311,6 +351,7 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     )
 
     _add_quota_commands(sub)
+    _add_operations(add)
     return parser
 
 
@@ -627,3 +668,121 @@ def _add_quota_commands(sub: Any) -> None:
     when.add_argument("--before", type=_instant, help="windows ended by this instant")
     when.add_argument("--older-than", help="a duration back from now, such as 30d or 12h")
     p.add_argument("--quota", help="only this quota (default: all)")
+
+
+# -- operations: worker, status, wake-ups ------------------------------------------
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
+    import logging
+
+    from pgcounters.worker import GracefulSignals, Worker, WorkerSettings
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    settings = WorkerSettings(
+        batch_size=args.batch_size,
+        min_interval=args.min_interval,
+        max_interval=args.max_interval,
+        listen=args.listen,
+        statement_timeout=args.statement_timeout,
+        idle_in_transaction_timeout=args.idle_timeout,
+        reconnect_max=args.reconnect_max,
+        log_every=args.log_every,
+    )
+    worker = Worker(dsn, settings)
+    with GracefulSignals(worker.stop):
+        worker.run()
+    return EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters import status
+
+    if args.serve is not None:
+        server = status.make_server(dsn, args.bind, args.serve)
+        host, port = server.server_address[:2]
+        print(f"serving /metrics, /status.json and / on http://{host!s}:{port}", flush=True)
+        try:
+            server.serve_forever()
+        finally:
+            server.server_close()
+        return EXIT_OK
+    with connect(dsn) as conn:
+        snapshot = status.get_status(conn)
+    if args.prometheus:
+        sys.stdout.write(status.prometheus(snapshot))
+    elif args.json:
+        print(status.to_json(snapshot))
+    else:
+        print(status.text(snapshot))
+    return EXIT_OK
+
+
+def _cmd_wakeup(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters.sqlfiles import named
+
+    ops = named("operations.sql")
+    with connect(dsn) as conn:
+        schema.check(conn)
+        if args.state == "on":
+            if not args.interval > 0:
+                raise ConfigurationError(f"--interval must be positive, got {args.interval}")
+            with translated():
+                conn.execute(ops["enable_wakeups"], {"seconds": args.interval})
+        elif args.state == "off":
+            conn.execute(ops["disable_wakeups"])
+        row = conn.execute(ops["wakeup_interval"]).fetchone()
+    ms = row[0] if row else None
+    print("wake-ups are off" if ms is None else f"wake-ups are on: at most one every {ms} ms")
+    return EXIT_OK
+
+
+def _add_operations(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:
+    p = add("worker", _cmd_worker, "drain continuously until SIGTERM (one transaction per batch)")
+    p.add_argument("--batch-size", type=int, default=10_000, help="deltas per batch")
+    p.add_argument(
+        "--min-interval", type=float, default=0.05, metavar="S", help="first wait when idle"
+    )
+    p.add_argument(
+        "--max-interval", type=float, default=2.0, metavar="S", help="longest wait when idle"
+    )
+    p.add_argument("--listen", action="store_true", help="also wake on notifications (`wakeup on`)")
+    p.add_argument("--statement-timeout", type=float, default=60.0, metavar="S")
+    p.add_argument(
+        "--idle-timeout", type=float, default=60.0, metavar="S",
+        help="idle_in_transaction_session_timeout",
+    )  # fmt: skip
+    p.add_argument(
+        "--reconnect-max", type=float, default=30.0, metavar="S",
+        help="longest wait between reconnection attempts",
+    )  # fmt: skip
+    p.add_argument(
+        "--log-every", type=float, default=60.0, metavar="S",
+        help="log a summary this often while working (0: never)",
+    )  # fmt: skip
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+
+    p = add("status", _cmd_status, "queue depth, lag, apply rate, table sizes and bloat")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print one JSON object")
+    fmt.add_argument(
+        "--prometheus", action="store_true", help="print the Prometheus text exposition"
+    )
+    fmt.add_argument(
+        "--serve", type=int, metavar="PORT",
+        help="serve /metrics (Prometheus), /status.json and / over HTTP",
+    )  # fmt: skip
+    p.add_argument("--bind", default="127.0.0.1", help="address for --serve (default 127.0.0.1)")
+
+    p = add("wakeup", _cmd_wakeup, "turn worker wake-up notifications on or off")
+    p.add_argument("state", nargs="?", choices=["on", "off", "show"], default="show")
+    p.add_argument(
+        "--interval", type=float, default=0.1, metavar="S",
+        help="at most one notification per S seconds (default 0.1)",
+    )  # fmt: skip

@@ -11,7 +11,7 @@ import functools
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, get_args
@@ -401,20 +401,33 @@ class Counters:
         *,
         max_batches: int | None = None,
         time_limit: float | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> DrainResult:
-        """Drain both queues until they are empty (or a bound is reached)."""
+        """Drain both queues until they are empty (or a bound is reached).
+
+        The queues take turns, a batch each, so a busy logged queue does not
+        starve the unlogged one when a bound ends the drain; a queue is done
+        when a batch finds nothing (a batch may hold fewer than ``batch_size``
+        deltas while more are queued, see ``drain_batch`` in the SQL).
+        ``stop`` is asked before every batch (e.g. set by a signal handler).
+        """
         started = time.perf_counter()
         deltas = keys = batches = 0
-        for unlogged in (False, True):
-            while max_batches is None or batches < max_batches:
+        active = [False, True]
+        while active:
+            for unlogged in tuple(active):
+                if max_batches is not None and batches >= max_batches:
+                    return DrainResult(deltas, keys, batches, time.perf_counter() - started)
                 if time_limit is not None and time.perf_counter() - started >= time_limit:
-                    break
+                    return DrainResult(deltas, keys, batches, time.perf_counter() - started)
+                if stop is not None and stop():
+                    return DrainResult(deltas, keys, batches, time.perf_counter() - started)
                 got, touched = self.drain_batch(batch_size, unlogged=unlogged)
                 batches += 1
                 deltas += got
                 keys += touched
-                if got < batch_size:
-                    break
+                if got == 0:
+                    active.remove(unlogged)
         return DrainResult(deltas, keys, batches, time.perf_counter() - started)
 
 

@@ -26,6 +26,7 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PCQ06": errors.InvalidSubject,
     "PCQ07": errors.InvalidCost,
     "PCQ08": errors.InvalidQuotaArgument,
+    "PC006": errors.ConfigurationError,
 }
 
 _CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {

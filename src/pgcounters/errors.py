@@ -129,3 +129,7 @@ class InvalidCost(QuotaError):
 
 class InvalidQuotaArgument(QuotaError):
     """Invalid argument to a quota operation."""
+
+
+class WorkerError(PgCountersError):
+    """The worker stopped on an error it cannot recover from."""

@@ -26,7 +26,13 @@ def read(*parts: str) -> str:
 @functools.cache
 def queries() -> dict[str, str]:
     """The named blocks of ``queries.sql``."""
-    text = read("queries.sql")
+    return named("queries.sql")
+
+
+@functools.cache
+def named(filename: str) -> dict[str, str]:
+    """The ``-- name: x`` blocks of a query file under ``pgcounters/sql``."""
+    text = read(filename)
     names = list(_NAME_RE.finditer(text))
     out: dict[str, str] = {}
     for match, following in zip(names, [*names[1:], None], strict=True):

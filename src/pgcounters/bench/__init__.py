@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from pgcounters.bench import hot, quota
+from pgcounters.bench import drain, hot, quota
 from pgcounters.bench.report import Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
@@ -32,6 +32,8 @@ SCENARIOS: dict[str, Runner] = {
     "hot-counters-txn": hot.hot_counters_txn,
     "redis-buffer": _redis_buffer,
     "quota": quota.quota,
+    "drain": drain.drain,
+    "drain-lag": drain.drain_lag,
 }
 
 

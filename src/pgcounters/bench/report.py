@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 # (variant, baseline it is compared with, target ratio from DESIGN section 4 or None)
 Comparison = tuple[str, str, float | None]
@@ -33,6 +34,13 @@ class Scenario:
     unit: str = "operations"
     runs: dict[str, list[Measurement]] = field(default_factory=dict)
     comparisons: list[dict[str, object]] = field(default_factory=list)
+    extra_aggregate: Literal["sum", "median"] = "sum"
+    """How the ``extra`` figures of a variant's runs are combined (counts add up, times don't)."""
+
+    def _combine(self, values: Sequence[float]) -> float:
+        if self.extra_aggregate == "median":
+            return statistics.median(values) if values else 0.0
+        return sum(values)
 
     def add(self, variant: str, measurement: Measurement) -> None:
         if not measurement.exact:
@@ -78,7 +86,7 @@ class Scenario:
                     self.unit: runs[0].operations,
                     "per_second": round(runs[0].operations / self.median(v), 1),
                     "exact": all(r.exact for r in runs),
-                    **{k: sum(r.extra.get(k, 0) for r in runs) for k in extra_keys},
+                    **{k: self._combine([r.extra.get(k, 0) for r in runs]) for k in extra_keys},
                 }
                 for v, runs in self.runs.items()
             },
@@ -98,7 +106,7 @@ class Scenario:
                 f"{med:.3f}",
                 f"{min(r.seconds for r in runs):.3f}-{max(r.seconds for r in runs):.3f}",
                 f"{runs[0].operations / med:,.0f}",
-                *(f"{sum(r.extra.get(k, 0) for r in runs):g}" for k in extra_keys),
+                *(f"{self._combine([r.extra.get(k, 0) for r in runs]):g}" for k in extra_keys),
                 "yes" if all(r.exact for r in runs) else "NO",
             ]
             lines.append("| " + " | ".join(cells) + " |")

@@ -1,0 +1,442 @@
+"""The long-running drainer: ``pgcounters worker`` and the :class:`Worker` API.
+
+A worker applies queued deltas batch after batch (one transaction per batch,
+:meth:`pgcounters.Counters.drain_batch`), then waits when the queues are empty:
+
+* **polling with backoff**: after an empty round it waits ``min_interval``,
+  doubling up to ``max_interval`` while the queues stay empty; a round that
+  found deltas brings the wait back to ``min_interval``, a full batch means
+  no wait at all;
+* **wake-ups (opt-in)**: with ``listen=True`` it also LISTENs on the channel
+  the wake-up triggers notify (``pgcounters wakeup on``), at most once per
+  interval, never once per delta, and wakes at once. Polling stays on, so a
+  lost notification only costs latency.
+
+Any number of workers may run at once: the drain hands each delta to one
+transaction. :meth:`Worker.stop` (SIGTERM or SIGINT in the CLI) lets the
+current batch commit and returns; the CLI makes a second signal interrupt at
+once (the open batch rolls back, nothing is lost). A lost connection (server
+restart, network) is re-opened with exponential backoff; the first
+connection is not retried, so a wrong DSN or a database without the schema
+fails at once with a clear message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg
+
+from pgcounters import schema
+from pgcounters.client import Counters
+from pgcounters.config import connect, redact
+from pgcounters.errors import (
+    ConfigurationError,
+    ConnectionFailed,
+    PgCountersError,
+    SchemaError,
+    WorkerError,
+)
+from pgcounters.sqlfiles import named
+
+logger = logging.getLogger("pgcounters.worker")
+
+APPLICATION_NAME = "pgcounters worker"
+"""The ``application_name`` of worker connections (``pgcounters status`` counts them)."""
+
+MIN_BATCH_SIZE = 100
+
+# errors that retrying cannot fix: the worker stops with WorkerError
+_FATAL = (pg.InsufficientPrivilege, pg.InvalidAuthorizationSpecification, pg.ReadOnlySqlTransaction)
+
+
+def _ops(name: str) -> str:
+    return named("operations.sql")[name]
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How a worker drains, waits and reconnects. Times are in seconds."""
+
+    batch_size: int = 10_000
+    """Deltas per batch (one transaction)."""
+    min_interval: float = 0.05
+    """Wait after a round that found some deltas; the first wait when idle."""
+    max_interval: float = 2.0
+    """Longest wait while the queues stay empty."""
+    listen: bool = False
+    """Also wake on the wake-up notifications (``pgcounters wakeup on``)."""
+    statement_timeout: float = 60.0
+    """``statement_timeout`` of the worker's session (0 = none)."""
+    idle_in_transaction_timeout: float = 60.0
+    """``idle_in_transaction_session_timeout`` of the worker's session (0 = none)."""
+    reconnect_min: float = 0.5
+    """First wait before reconnecting; doubles up to ``reconnect_max``."""
+    reconnect_max: float = 30.0
+    """Longest wait between reconnection attempts."""
+    connect_timeout: float = 10.0
+    """Give up one connection attempt after this long."""
+    log_every: float = 60.0
+    """Log a summary line this often while deltas are applied (0 = never)."""
+    application_name: str = APPLICATION_NAME
+
+    def validate(self) -> WorkerSettings:
+        """Raise :class:`ConfigurationError` for a setting out of range; return self."""
+
+        def positive(name: str, value: object, *, allow_zero: bool = False) -> None:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not ok or value < 0 or (value == 0 and not allow_zero):  # type: ignore[operator]
+                kind = "a non-negative" if allow_zero else "a positive"
+                raise ConfigurationError(f"{name} must be {kind} number, got {value!r}")
+
+        if (
+            isinstance(self.batch_size, bool)
+            or not isinstance(self.batch_size, int)
+            or self.batch_size < 1
+        ):
+            raise ConfigurationError(
+                f"batch_size must be a positive integer, got {self.batch_size!r}"
+            )
+        for name in ("min_interval", "max_interval", "reconnect_min", "reconnect_max"):
+            positive(name, getattr(self, name))
+        for name in ("statement_timeout", "idle_in_transaction_timeout", "log_every"):
+            positive(name, getattr(self, name), allow_zero=True)
+        positive("connect_timeout", self.connect_timeout)
+        if self.max_interval < self.min_interval:
+            raise ConfigurationError(
+                f"max_interval ({self.max_interval}) is below min_interval ({self.min_interval})"
+            )
+        if self.reconnect_max < self.reconnect_min:
+            raise ConfigurationError(
+                f"reconnect_max ({self.reconnect_max}) is below reconnect_min "
+                f"({self.reconnect_min})"
+            )
+        return self
+
+
+@dataclass
+class WorkerStats:
+    """What a worker has done since it started (a snapshot: see :meth:`Worker.get_stats`)."""
+
+    batches: int = 0
+    deltas: int = 0
+    keys: int = 0
+    rounds: int = 0
+    wakeups: int = 0
+    reconnects: int = 0
+    errors: int = 0
+    batch_size: int = 0
+    started_at: float = field(default_factory=time.time)
+    last_batch_at: float | None = None
+
+
+def _millis(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
+
+
+class Worker:
+    """Drain the queues until :meth:`stop` is called.
+
+    ``Worker(dsn).run()`` blocks; run it in a thread to drain in the
+    background of another program, and call :meth:`stop` to end it after
+    the current batch::
+
+        worker = Worker(dsn, WorkerSettings(listen=True))
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        ...
+        worker.stop()
+        thread.join()
+    """
+
+    def __init__(self, dsn: str, settings: WorkerSettings | None = None) -> None:
+        self.dsn = dsn
+        self.settings = (settings or WorkerSettings()).validate()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._stats = WorkerStats(batch_size=self.settings.batch_size)
+        self._batch_size = self.settings.batch_size
+        self._listening = False
+        self._summary = (time.monotonic(), 0, 0)
+
+    # -- public -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to return from :meth:`run` after the current batch.
+
+        Safe to call from a signal handler or another thread, and before
+        :meth:`run` (which then returns at once).
+        """
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def get_stats(self) -> WorkerStats:
+        """A copy of the counts so far."""
+        with self._lock:
+            return replace(self._stats)
+
+    def run(self) -> WorkerStats:
+        """Drain until stopped. Returns the final counts.
+
+        Raises :class:`ConnectionFailed` when the first connection fails,
+        :class:`SchemaError` when the schema is missing or of another version
+        (also after a reconnection), and :class:`WorkerError` for errors that
+        retrying cannot fix (e.g. missing privileges).
+        """
+        s = self.settings
+        logger.info(
+            "worker starting: %s, batches of %d, polling every %gs-%gs%s",
+            redact(self.dsn), s.batch_size, s.min_interval, s.max_interval,
+            ", woken by notifications" if s.listen else "",
+        )  # fmt: skip
+        conn: psycopg.Connection[Any] | None = self._open()
+        interval = s.min_interval
+        try:
+            while not self._stop.is_set():
+                if conn is None:
+                    conn = self._reconnect()
+                    if conn is None:
+                        break
+                    interval = s.min_interval
+                try:
+                    got, full = self._round(conn)
+                except psycopg.Error as exc:
+                    conn = self._failed(conn, exc)
+                    if conn is not None and not self._stop.is_set():
+                        self._wait(conn, s.max_interval)
+                    continue
+                except SchemaError:
+                    raise
+                except PgCountersError as exc:
+                    # e.g. a batch whose sum overflows a counter: it stays queued
+                    self._count_error()
+                    logger.error("draining failed, retrying in %gs: %s", s.max_interval, exc)
+                    self._wait(conn, s.max_interval)
+                    continue
+                if full:
+                    interval = s.min_interval
+                    continue
+                if got:
+                    interval = s.min_interval
+                    self._wait(conn, interval)
+                else:
+                    self._wait(conn, interval)
+                    interval = min(interval * 2, s.max_interval)
+        finally:
+            if conn is not None:
+                conn.close()
+            final = self.get_stats()
+            logger.info(
+                "worker stopped: %d deltas applied in %d batches, %d reconnections",
+                final.deltas, final.batches, final.reconnects,
+            )  # fmt: skip
+        return self.get_stats()
+
+    # -- connection ---------------------------------------------------------
+
+    def _open(self) -> psycopg.Connection[Any]:
+        """Connect, configure the session, check the schema, LISTEN if asked."""
+        s = self.settings
+        conn = connect(
+            self.dsn,
+            application_name=s.application_name,
+            connect_timeout=max(1, round(s.connect_timeout)),
+            keepalives=1,
+            keepalives_idle=30,
+            keepalives_interval=10,
+            keepalives_count=3,
+        )
+        try:
+            self._setup(conn)
+        except psycopg.OperationalError as exc:
+            conn.close()
+            raise ConnectionFailed(
+                f"lost the connection to {redact(self.dsn)!r} while setting it up: {exc}"
+            ) from exc
+        except psycopg.Error as exc:
+            conn.close()
+            raise WorkerError(f"could not set up the worker's session: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _setup(self, conn: psycopg.Connection[Any]) -> None:
+        s = self.settings
+        conn.execute(
+            _ops("worker_session"),
+            {
+                "statement_timeout": _millis(s.statement_timeout),
+                "idle_timeout": _millis(s.idle_in_transaction_timeout),
+            },
+        )
+        schema.check(conn)
+        self._listening = False
+        if s.listen:
+            conn.execute(_ops("listen"))
+            self._listening = True
+            if conn.execute(_ops("wakeup_interval")).fetchone() == (None,):
+                logger.warning(
+                    "listening, but the wake-up triggers are not installed "
+                    "(`pgcounters wakeup on`): polling only"
+                )
+
+    def _reconnect(self) -> psycopg.Connection[Any] | None:
+        """Reconnect with exponential backoff until it works or the worker is stopped."""
+        s = self.settings
+        delay = s.reconnect_min
+        attempt = 0
+        while not self._stop.wait(delay * random.uniform(0.8, 1.2)):
+            attempt += 1
+            try:
+                conn = self._open()
+            except (ConnectionFailed, psycopg.OperationalError) as exc:
+                logger.warning("reconnection attempt %d failed: %s", attempt, exc)
+                delay = min(delay * 2, s.reconnect_max)
+                continue
+            with self._lock:
+                self._stats.reconnects += 1
+            logger.info("reconnected after %d attempt(s)", attempt)
+            return conn
+        return None
+
+    def _failed(
+        self, conn: psycopg.Connection[Any], exc: psycopg.Error
+    ) -> psycopg.Connection[Any] | None:
+        """Handle a driver error of a round; return the connection to go on with, or None."""
+        self._count_error()
+        if isinstance(exc, _FATAL):
+            raise WorkerError(f"the worker cannot drain: {exc}") from exc
+        if conn.broken or conn.closed:
+            logger.warning("lost the connection to PostgreSQL: %s", str(exc).strip() or exc)
+            conn.close()
+            return None
+        if isinstance(exc, pg.QueryCanceled) and self._batch_size > MIN_BATCH_SIZE:
+            self._batch_size = max(MIN_BATCH_SIZE, self._batch_size // 2)
+            with self._lock:
+                self._stats.batch_size = self._batch_size
+            logger.warning(
+                "a batch hit statement_timeout; batches are now of %d deltas", self._batch_size
+            )
+            return conn
+        logger.error("draining failed, retrying: %s", str(exc).strip() or exc)
+        return conn
+
+    def _count_error(self) -> None:
+        with self._lock:
+            self._stats.errors += 1
+
+    # -- draining -----------------------------------------------------------
+
+    def _round(self, conn: psycopg.Connection[Any]) -> tuple[int, bool]:
+        """One batch from each queue. Returns (deltas applied, whether a batch was full)."""
+        pc = Counters(conn, check_schema=False)
+        got = 0
+        full = False
+        for unlogged in (False, True):
+            if self._stop.is_set():
+                break
+            deltas, keys = pc.drain_batch(self._batch_size, unlogged=unlogged)
+            got += deltas
+            full = full or deltas >= self._batch_size
+            if deltas:
+                with self._lock:
+                    st = self._stats
+                    st.batches += 1
+                    st.deltas += deltas
+                    st.keys += keys
+                    st.last_batch_at = time.time()
+                logger.debug(
+                    "applied %d deltas to %d keys (%s queue)",
+                    deltas, keys, "unlogged" if unlogged else "logged",
+                )  # fmt: skip
+        with self._lock:
+            self._stats.rounds += 1
+        self._maybe_summarise()
+        return got, full
+
+    def _maybe_summarise(self) -> None:
+        every = self.settings.log_every
+        if not every:
+            return
+        since, deltas0, batches0 = self._summary
+        now = time.monotonic()
+        if now - since < every:
+            return
+        st = self.get_stats()
+        if st.deltas > deltas0:
+            logger.info(
+                "applied %d deltas in %d batches over the last %.0fs (%.0f deltas/s)",
+                st.deltas - deltas0, st.batches - batches0, now - since,
+                (st.deltas - deltas0) / (now - since),
+            )  # fmt: skip
+        self._summary = (now, st.deltas, st.batches)
+
+    # -- waiting ------------------------------------------------------------
+
+    def _wait(self, conn: psycopg.Connection[Any], seconds: float) -> None:
+        """Wait up to ``seconds``; return early when stopped or (listening) notified."""
+        if not self._listening or conn.closed:
+            self._stop.wait(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                for _ in conn.notifies(timeout=min(left, 0.25), stop_after=1):
+                    with self._lock:
+                        self._stats.wakeups += 1
+                    return
+            except psycopg.OperationalError:
+                return  # the next round finds the broken connection and reconnects
+
+
+class GracefulSignals:
+    """SIGTERM and SIGINT for a command that works in batches.
+
+    The first signal calls ``on_first`` (finish the current batch, then
+    stop); a second one raises :class:`KeyboardInterrupt` at once, which
+    rolls the open batch back. The previous handlers come back on exit.
+    Outside the main thread this does nothing (signals go to the main thread).
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, on_first: Callable[[], None]) -> None:
+        self.on_first = on_first
+        self.received = 0
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received += 1
+        if self.received > 1:
+            raise KeyboardInterrupt
+        # no logging here: the handler may run while the main thread holds a logging lock
+        os.write(2, f"pgcounters: {signal.Signals(signum).name} received, finishing the "
+                    "current batch (send it again to stop at once)\n".encode())  # fmt: skip
+        self.on_first()
+
+    def __enter__(self) -> GracefulSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()

@@ -1,0 +1,258 @@
+"""The worker through its Python API (in threads), and the wake-up notifications."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcounters import Counters, cli
+from pgcounters.errors import ConfigurationError
+from pgcounters.worker import Worker, WorkerSettings
+
+FAST = WorkerSettings(min_interval=0.01, max_interval=0.05, log_every=0)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Poll until ``condition()`` holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield errors
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def queued(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM pgcounters.queue)"
+        " + (SELECT count(*) FROM pgcounters.queue_unlogged)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_worker_in_a_thread_drains_both_queues_and_stops(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    pc.create_counter("views", int)
+    pc.create_counter("fast", int, mode="unlogged")
+    worker = Worker(dsn, FAST)
+    with running(worker) as errors:
+        for i in range(300):
+            pc.incr("views", i % 7)
+            pc.incr("fast", i % 3, 2)
+        wait_for(lambda: queued(conn) == 0)
+        wait_for(lambda: worker.get_stats().deltas == 600)
+    assert errors == []
+    stats = worker.get_stats()
+    assert stats.deltas == 600
+    assert stats.batches >= 2
+    assert [pc.get("views", k, exact=False) for k in range(7)] == [43, 43, 43, 43, 43, 43, 42]
+    assert [pc.get("fast", k, exact=False) for k in range(3)] == [200, 200, 200]
+
+
+def test_stop_before_run_returns_at_once(dsn: str) -> None:
+    worker = Worker(dsn, FAST)
+    worker.stop()
+    assert worker.run().batches == 0
+
+
+def test_several_workers_with_concurrent_writers_are_exact(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    pc.create_counter("hot", int)
+    pc.create_counter("hot.u", int, mode="unlogged")
+    expected: Tally[tuple[str, int]] = Tally()
+    lock = threading.Lock()
+
+    def writer(seed: int) -> None:
+        rng = random.Random(seed)
+        local: Tally[tuple[str, int]] = Tally()
+        with psycopg.connect(dsn, autocommit=True) as wconn:
+            wc = Counters(wconn)
+            for _ in range(200):
+                items = [(rng.choice(["hot", "hot.u"]), rng.randrange(5), 1) for _ in range(5)]
+                wc.incr_many(items)
+                local.update((n, k) for n, k, _ in items)
+        with lock:
+            expected.update(local)
+
+    small = WorkerSettings(batch_size=37, min_interval=0.005, max_interval=0.02, log_every=0)
+    workers = [Worker(dsn, small) for _ in range(3)]
+    with running(workers[0]) as e0, running(workers[1]) as e1, running(workers[2]) as e2:
+        writers = [threading.Thread(target=writer, args=(s,)) for s in range(4)]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join()
+        wait_for(lambda: queued(conn) == 0)
+    assert e0 == e1 == e2 == []
+    assert sum(expected.values()) == 4000
+    # every queued row was applied by exactly one of the workers
+    row = conn.execute("SELECT sum(deltas) FROM pgcounters.drain_stats").fetchone()
+    assert row is not None
+    assert sum(w.get_stats().deltas for w in workers) == row[0] > 0
+    for (name, key), n in expected.items():
+        assert pc.get(name, key, exact=False) == n
+
+
+def test_a_batch_over_statement_timeout_is_retried_smaller(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    conn.execute("CREATE TABLE article (id bigint PRIMARY KEY, views bigint NOT NULL DEFAULT 0)")
+    conn.execute("INSERT INTO article (id) SELECT generate_series(1, 5)")
+    pc.create_column_counter("article.views", "article", "views")
+    for i in range(1, 6):
+        pc.incr("article.views", i)
+    settings = WorkerSettings(
+        batch_size=400, statement_timeout=0.3, min_interval=0.01, max_interval=0.05, log_every=0
+    )
+    worker = Worker(dsn, settings)
+    with psycopg.connect(dsn) as blocker:
+        # a user transaction holds a parent row: the drain waits on it past statement_timeout
+        blocker.execute("SELECT 1 FROM article WHERE id = 3 FOR UPDATE")
+        with running(worker) as errors:
+            wait_for(lambda: worker.get_stats().batch_size < 400)
+            assert queued(conn) == 5, "a cancelled batch must leave its deltas queued"
+            blocker.rollback()
+            wait_for(lambda: queued(conn) == 0)
+    assert errors == []
+    assert worker.get_stats().errors >= 1
+    rows = conn.execute("SELECT id, views FROM article ORDER BY id").fetchall()
+    assert rows == [(i, 1) for i in range(1, 6)]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch_size", 0),
+        ("batch_size", 2.5),
+        ("min_interval", 0),
+        ("max_interval", -1),
+        ("statement_timeout", -1),
+        ("reconnect_min", 0),
+    ],
+)
+def test_bad_settings_are_refused(dsn: str, field: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=field):
+        Worker(dsn, WorkerSettings(**{field: value}))  # type: ignore[arg-type]
+
+
+def test_max_interval_below_min_interval_is_refused(dsn: str) -> None:
+    with pytest.raises(ConfigurationError, match="below min_interval"):
+        Worker(dsn, WorkerSettings(min_interval=2, max_interval=1))
+
+
+# -- wake-ups -----------------------------------------------------------------
+
+
+def test_wakeups_are_rate_limited_not_one_per_delta(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    pc.create_counter("c", int)
+    pc.create_counter("u", int, mode="unlogged")
+    conn.execute("SELECT pgcounters.enable_wakeups(interval '1 hour')")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN pgcounters_queue")
+        for i in range(50):
+            pc.incr("c", i)
+            pc.incr("u", i)
+        pc.incr_many([("c", i, 1) for i in range(100)])
+        got = list(listener.notifies(timeout=1.0))
+    # one notification for 101 insert statements within the interval
+    assert [n.channel for n in got] == ["pgcounters_queue"]
+    assert got[0].payload == "queue"
+
+
+def test_wakeups_follow_the_interval_and_can_be_turned_off(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    pc.create_counter("c", int)
+    conn.execute("SELECT pgcounters.enable_wakeups(interval '1 millisecond')")
+    assert conn.execute("SELECT pgcounters.wakeup_interval_ms()").fetchone() == (1,)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN pgcounters_queue")
+        for i in range(5):
+            pc.incr("c", i)
+            time.sleep(0.01)
+        assert len(list(listener.notifies(timeout=1.0))) == 5
+        assert conn.execute("SELECT pgcounters.disable_wakeups()").fetchone() == (True,)
+        pc.incr("c", 1)
+        assert list(listener.notifies(timeout=0.5)) == []
+    assert conn.execute("SELECT pgcounters.wakeup_interval_ms()").fetchone() == (None,)
+    assert conn.execute("SELECT pgcounters.disable_wakeups()").fetchone() == (False,)
+
+
+def test_a_rolled_back_or_repeatable_read_writer_is_not_disturbed(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    pc.create_counter("c", int)
+    conn.execute("SELECT pgcounters.enable_wakeups(interval '1 millisecond')")
+    with psycopg.connect(dsn) as a, psycopg.connect(dsn) as b:
+        a.isolation_level = b.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        ca, cb = Counters(a), Counters(b)
+        ca.incr("c", 1)
+        cb.incr("c", 2)
+        time.sleep(0.01)
+        ca.incr("c", 1)  # the wake-up clock moved under both snapshots: no error
+        cb.incr("c", 2)
+        a.commit()
+        b.rollback()
+    assert pc.get("c", 1) == 2
+    assert pc.get("c", 2) == 0
+
+
+def test_a_listening_worker_wakes_on_a_notification(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    pc.create_counter("c", int)
+    conn.execute("SELECT pgcounters.enable_wakeups(interval '10 milliseconds')")
+    # polling alone would not come back for an hour
+    worker = Worker(dsn, WorkerSettings(listen=True, min_interval=3600, max_interval=3600))
+    with running(worker) as errors:
+        wait_for(lambda: worker.get_stats().rounds >= 1)
+        pc.incr("c", 1, 5)
+        wait_for(lambda: queued(conn) == 0, timeout=30)
+    assert errors == []
+    assert worker.get_stats().wakeups >= 1
+    assert pc.get("c", 1, exact=False) == 5
+
+
+def test_the_wakeup_command(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.run(["--dsn", dsn, "wakeup"]) == 0
+    assert capsys.readouterr().out.strip() == "wake-ups are off"
+    assert cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "0.25"]) == 0
+    assert capsys.readouterr().out.strip() == "wake-ups are on: at most one every 250 ms"
+    assert cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "0"]) == 1
+    assert "--interval must be positive" in capsys.readouterr().err
+    assert cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "7200"]) == 1
+    assert "between 1 ms and 1 hour" in capsys.readouterr().err
+    assert cli.run(["--dsn", dsn, "wakeup", "off"]) == 0
+    assert capsys.readouterr().out.strip() == "wake-ups are off"
