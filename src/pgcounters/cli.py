@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 1 a pgcounters error (the message says which);
 2 bad usage; 3 ``drain`` stopped by its bound with deltas still queued;
-4 ``quota call`` refused the call; 130 interrupted.
+4 ``quota call`` refused the call; 5 ``verify`` found drift; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -352,6 +352,7 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
 
     _add_quota_commands(sub)
     _add_operations(add)
+    _add_repair(add)
     return parser
 
 
@@ -786,3 +787,191 @@ def _add_operations(add: Callable[[str, Handler, str], argparse.ArgumentParser])
         "--interval", type=float, default=0.1, metavar="S",
         help="at most one notification per S seconds (default 0.1)",
     )  # fmt: skip
+
+
+# -- verify and recount ------------------------------------------------------------
+
+EXIT_DRIFT = 5
+
+
+def _chosen_specs(conn: psycopg.Connection[Any], names: Sequence[str]) -> list[Any]:
+    """The declared counters named (default: all), in the order given, each once."""
+    from pgcounters import triggers
+    from pgcounters.errors import UnknownCounter
+
+    schema.check(conn)
+    declared = {spec.name: spec for spec in triggers.declared(conn)}
+    if not names:
+        return [declared[name] for name in sorted(declared)]
+    unknown = [n for n in names if n not in declared]
+    if unknown:
+        raise UnknownCounter(
+            f"no declared counter named {', '.join(unknown)} is recorded in this database"
+            + (f" (declared: {', '.join(sorted(declared))})" if declared else "")
+        )
+    return [declared[name] for name in dict.fromkeys(names)]
+
+
+def _key_json(key: Sequence[object]) -> list[object]:
+    return [p if isinstance(p, int) else str(p) for p in key]
+
+
+def _cmd_verify(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters.recount import verify
+
+    if args.sample is not None and args.sample < 1:
+        raise ConfigurationError(f"--sample must be a positive number of keys, got {args.sample}")
+    if args.show < 0:
+        raise ConfigurationError(f"--show must be zero or more, got {args.show}")
+    with connect(dsn) as conn:
+        specs = _chosen_specs(conn, args.counter)
+        results = [verify(conn, spec, sample=args.sample) for spec in specs]
+    drifted = [r for r in results if not r.ok]
+    code = EXIT_DRIFT if drifted else EXIT_OK
+    if args.json:
+        print(json.dumps({
+            "counters": [
+                {"name": r.name, "keys_checked": r.keys_checked, "keys_off": len(r.mismatches),
+                 "differences": [
+                     {"key": _key_json(m.key), "expected": m.expected, "actual": m.actual,
+                      "difference": m.actual - m.expected}
+                     for m in r.mismatches[: args.show]]}
+                for r in results
+            ],
+            "sampled": args.sample, "drift": bool(drifted), "exit_code": code,
+        }))  # fmt: skip
+        return code
+    if not results:
+        print("no declared counters are recorded in this database")
+        return code
+    for r in results:
+        print(f"{r.name}: {r.keys_checked} keys checked, {len(r.mismatches)} off")
+        for m in r.mismatches[: args.show]:
+            key = ",".join(str(p) for p in m.key) or "-"
+            print(
+                f"  key {key}: stored + pending {m.actual}, truth {m.expected} "
+                f"({m.actual - m.expected:+d})"
+            )
+        if len(r.mismatches) > args.show:
+            print(f"  ... and {len(r.mismatches) - args.show} more")
+    what = f"{len(results)} counters" + (f" (samples of {args.sample} keys)" if args.sample else "")
+    if drifted:
+        print(f"drift found in {len(drifted)} of {what}: run `pgcounters recount` to repair")
+    else:
+        print(f"all exact: {what}")
+    return code
+
+
+def _range_bound(spec: Any, text: str | None) -> str | None:
+    """A --key-from/--key-to value checked against the counter's first key part."""
+    from pgcounters.keys import encode_key
+
+    if text is None:
+        return None
+    key_type = spec.key_types[0]
+    return encode_key(_parse_key(text, (key_type,)), (key_type,), spec.name)[0]
+
+
+class _ProgressBar:
+    """A tqdm bar on stderr for one counter, made when the number of keys is known."""
+
+    def __init__(self, name: str, show: bool) -> None:
+        self.name, self.show = name, show
+        self.bar: Any = None
+
+    def start(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc=self.name, unit=" keys", file=sys.stderr,
+                        disable=not self.show, dynamic_ncols=True, leave=True)  # fmt: skip
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _cmd_recount(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters.recount import recount
+
+    if args.batch_size < 1:
+        raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
+    ranged = args.key_from is not None or args.key_to is not None
+    show = not args.no_progress and sys.stderr.isatty()
+    with connect(dsn) as conn:
+        specs = _chosen_specs(conn, args.counter)
+        if ranged:
+            global_ = [spec.name for spec in specs if not spec.key_types]
+            if global_ and args.counter:
+                raise ConfigurationError(
+                    f"{', '.join(global_)} has no key: --key-from/--key-to do not apply"
+                )
+            specs = [spec for spec in specs if spec.key_types]
+        bounds = [(_range_bound(s, args.key_from), _range_bound(s, args.key_to)) for s in specs]
+        if not specs:
+            print("no declared counters to recount")
+            return EXIT_OK
+        for spec, (low, high) in zip(specs, bounds, strict=True):
+            bar = _ProgressBar(spec.name, show)
+            try:
+                result = recount(
+                    conn,
+                    spec,
+                    batch_size=args.batch_size,
+                    resume=args.resume,
+                    key_range=(low, high) if ranged else None,
+                    progress=bar.update,
+                    planned=bar.start,
+                )
+            except KeyboardInterrupt:
+                print(
+                    f"{spec.name}: interrupted; its committed batches stay done, "
+                    "run the same recount again to resume",
+                    file=sys.stderr,
+                )
+                raise
+            finally:
+                bar.close()
+            span = ""
+            if ranged:
+                span = f" in [{low if low is not None else '...'}, "
+                span += f"{high if high is not None else '...'}]"
+            print(
+                f"{result.name}: {result.keys_done} keys{span} in {result.batches} batches, "
+                f"{result.keys_fixed} fixed" + (" (resumed)" if result.resumed else ""),
+                flush=True,
+            )
+    return EXIT_OK
+
+
+def _add_repair(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:
+    p = add(
+        "verify",
+        _cmd_verify,
+        "compare declared counters with the truth (exit 0 exact, 5 drift found)",
+    )
+    p.add_argument("counter", nargs="*", metavar="COUNTER", help="declared counters (default: all)")
+    p.add_argument("--sample", type=int, metavar="N", help="check N random keys of each counter")
+    p.add_argument("--show", type=int, default=5, metavar="N",
+                   help="differences shown per counter (default 5)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = add(
+        "recount",
+        _cmd_recount,
+        "set declared counters to the truth, in batches, while writes and drains go on",
+    )
+    p.add_argument("counter", nargs="*", metavar="COUNTER", help="declared counters (default: all)")
+    p.add_argument("--batch-size", type=int, default=1000, help="keys per transaction (1000)")
+    p.add_argument("--key-from", metavar="K", help="first key (of the first key part) to recount")
+    p.add_argument("--key-to", metavar="K", help="last key (included) to recount")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", dest="resume", action="store_true", default=True,
+                       help="continue an interrupted recount of a counter (default)")  # fmt: skip
+    again.add_argument("--restart", dest="resume", action="store_false",
+                       help="start over, ignoring an interrupted recount")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (none either when stderr is not a terminal)")  # fmt: skip

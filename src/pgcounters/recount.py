@@ -37,6 +37,8 @@ from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
 from pgcounters.triggers import spec as recorded_spec
 
 Progress = Callable[[int], None]
+KeyRange = tuple[Any, Any]
+"""``(low, high)``, both included; either may be None for an open end."""
 
 
 @dataclass(frozen=True)
@@ -216,16 +218,19 @@ def recount(
     *,
     batch_size: int = 1000,
     resume: bool = True,
-    key_range: tuple[Any, Any] | None = None,
+    key_range: KeyRange | None = None,
     progress: Progress | None = None,
+    planned: Progress | None = None,
 ) -> RecountResult:
     """Set every value of a counter to the truth, in batches, while writes continue.
 
     ``key_range``: only keys (the parent key of a column counter, the first key
-    part of a named counter) in ``[low, high]``. ``resume``: continue an
-    unfinished recount of the same counter from its last committed batch.
-    ``progress`` is called with the number of keys done after each batch.
-    The connection must not be in a transaction (each batch commits).
+    part of a named counter) in ``[low, high]`` (None for an open end).
+    ``resume``: continue an unfinished recount of the same counter from its
+    last committed batch. ``planned`` is called once, before the first batch,
+    with the number of keys this run will go through (keys that appear
+    meanwhile may add to it); ``progress`` with the number of keys done after
+    each batch. The connection must not be in a transaction (each batch commits).
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidCounterDefinition(f"batch size must be a positive integer, got {batch_size}")
@@ -238,11 +243,15 @@ def recount(
         result = RecountResult(spec.name)
         cursor = _start(conn, spec.name, resume, result)
         column = isinstance(spec.target, ColumnTarget)
-        batches = (
-            _column_batches(conn, spec, cursor, batch_size, key_range)
-            if column
-            else _named_batches(conn, spec, target, cursor, batch_size, key_range)
-        )
+        if column:
+            if planned is not None:
+                planned(_column_key_count(conn, spec, cursor, key_range))
+            batches = _column_batches(conn, spec, cursor, batch_size, key_range)
+        else:
+            known = _named_keys(conn, spec, target, cursor, key_range)
+            if planned is not None:
+                planned(len(known))
+            batches = (known[i : i + batch_size] for i in range(0, len(known), batch_size))
         for keys in batches:
             with conn.transaction():
                 if column:
@@ -290,19 +299,38 @@ def _start(
 
 
 def _range_filter(
-    column: sql.Composable, key_type: str, last: str | None, key_range: tuple[Any, Any] | None
+    column: sql.Composable, key_type: str, last: str | None, key_range: KeyRange | None
 ) -> sql.Composable:
     conds: list[sql.Composable] = []
     cast = sql.SQL(key_type)
     if last is not None:
         conds.append(sql.SQL("{} > {}::{}").format(column, sql.Literal(last), cast))
-    if key_range is not None:
-        conds.append(
-            sql.SQL("{} BETWEEN {}::{} AND {}::{}").format(
-                column, sql.Literal(str(key_range[0])), cast, sql.Literal(str(key_range[1])), cast
-            )
-        )
+    low, high = key_range if key_range is not None else (None, None)
+    if low is not None:
+        conds.append(sql.SQL("{} >= {}::{}").format(column, sql.Literal(str(low)), cast))
+    if high is not None:
+        conds.append(sql.SQL("{} <= {}::{}").format(column, sql.Literal(str(high)), cast))
     return sql.SQL(" AND ").join(conds) if conds else sql.SQL("true")
+
+
+def _column_key_count(
+    conn: psycopg.Connection[Any],
+    spec: CounterSpec,
+    cursor: list[str] | None,
+    key_range: KeyRange | None,
+) -> int:
+    """How many parent rows a recount of a column counter goes through."""
+    t = spec.target
+    assert isinstance(t, ColumnTarget)
+    k = sql.Identifier(t.key_column)
+    with conn.transaction():
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {p} WHERE {w}").format(
+                p=t.table.identifier(),
+                w=_range_filter(k, t.key_type, cursor[0] if cursor else None, key_range),
+            )
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _column_batches(
@@ -310,7 +338,7 @@ def _column_batches(
     spec: CounterSpec,
     cursor: list[str] | None,
     batch_size: int,
-    key_range: tuple[Any, Any] | None,
+    key_range: KeyRange | None,
 ) -> Iterator[list[Any]]:
     """Parent keys in key order, a batch at a time (read afresh before each batch)."""
     t = spec.target
@@ -372,15 +400,14 @@ def _recount_column(
     return max(cur.rowcount, 0)
 
 
-def _named_batches(
+def _named_keys(
     conn: psycopg.Connection[Any],
     spec: CounterSpec,
     target: int,
     cursor: list[str] | None,
-    batch_size: int,
-    key_range: tuple[Any, Any] | None,
-) -> Iterator[list[list[str]]]:
-    """Keys known now (truth, stored or pending), in key order, a batch at a time.
+    key_range: KeyRange | None,
+) -> list[list[str]]:
+    """Keys known now (truth, stored or pending), in key order.
 
     Keys that appear later had no count before: the queue brings them in.
     """
@@ -403,18 +430,19 @@ def _named_batches(
         ).fetchall()
     keys: list[list[str]] = [list(r[0]) for r in rows]
     if key_range is not None and spec.keys:
-        low, high = str(key_range[0]), str(key_range[1])
-        keys = [key for key in keys if _in_range(spec, key[0], low, high)]
+        keys = [key for key in keys if _in_range(spec, key[0], key_range)]
     if cursor is not None:
         keys = [key for key in keys if key > cursor]
-    for i in range(0, len(keys), batch_size):
-        yield keys[i : i + batch_size]
+    return keys
 
 
-def _in_range(spec: CounterSpec, part: str, low: str, high: str) -> bool:
+def _in_range(spec: CounterSpec, part: str, key_range: KeyRange) -> bool:
     types = spec.key_types[:1]
-    value, bottom, top = (decode_key([v], types)[0] for v in (part, low, high))
-    return bool(bottom <= value <= top)  # type: ignore[operator]
+    value = decode_key([part], types)[0]
+    low, high = (None if v is None else decode_key([str(v)], types)[0] for v in key_range)
+    above = low is None or low <= value  # type: ignore[operator]
+    below = high is None or value <= high  # type: ignore[operator]
+    return bool(above and below)
 
 
 def _recount_named(
