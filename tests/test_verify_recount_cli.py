@@ -1,4 +1,4 @@
-"""``pgcounters verify`` and ``pgcounters recount``: drift found, repaired, resumed, after a crash."""
+"""``pgcounters verify`` and ``recount``: drift found, repaired, resumed, after a crash."""
 
 from __future__ import annotations
 
