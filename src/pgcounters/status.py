@@ -578,3 +578,94 @@ def make_server(dsn: str, host: str = "127.0.0.1", port: int = 9187) -> Threadin
             logger.debug("%s " + format, self.address_string(), *args)
 
     return ThreadingHTTPServer((host, port), Handler)
+
+
+# -- the triggers section: installed vs declared ------------------------------------
+
+TRIGGER_STATES: tuple[str, ...] = ("installed", "outdated", "missing", "disabled", "undeclared")
+"""The states of :func:`pgcounters.triggers.drift`, in the order they are reported."""
+
+
+@dataclass(frozen=True)
+class TriggerDrift:
+    """How the installed triggers of one counter compare with its recorded declaration."""
+
+    counter: str
+    state: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class TriggersSection:
+    """Installed vs declared triggers of every declared counter (a status section)."""
+
+    counters: tuple[TriggerDrift, ...]
+    available: bool = True
+    """False when the installed schema predates recorded declarations."""
+    name: str = "triggers"
+
+    @property
+    def drifted(self) -> tuple[TriggerDrift, ...]:
+        return tuple(c for c in self.counters if c.state != "installed")
+
+    def as_json(self) -> object:
+        return {
+            "available": self.available,
+            "ok": not self.drifted,
+            "drifted": len(self.drifted),
+            "counters": [asdict(c) for c in self.counters],
+        }
+
+    def lines(self) -> list[str]:
+        if not self.available:
+            return ["triggers: not known (the installed schema has no recorded declarations)"]
+        declared = sum(1 for c in self.counters if c.state != "undeclared")
+        if not self.counters:
+            return ["triggers: no declared counters"]
+        if not self.drifted:
+            return [f"triggers: {declared} declared counters, all installed"]
+        out = [
+            f"triggers: {declared} declared counters, {len(self.drifted)} drifted "
+            "(reinstall them, or run `manage.py migrate`)"
+        ]
+        width = max(len(c.counter) for c in self.drifted)
+        out += [f"  {c.counter:<{width}}  {c.state:<10}  {c.detail}" for c in self.drifted]
+        return out
+
+    def metrics(self) -> list[Metric]:
+        return [
+            Metric(
+                "pgcounters_trigger_drift",
+                "1 for the state of a counter's triggers (installed, outdated, missing, "
+                "disabled, undeclared), 0 for the other states.",
+                "gauge",
+                tuple(
+                    ((("counter", c.counter), ("state", state)), int(c.state == state))
+                    for c in self.counters
+                    for state in TRIGGER_STATES
+                ),
+            ),
+            Metric(
+                "pgcounters_triggers_drifted",
+                "Counters whose triggers are not installed as declared.",
+                "gauge",
+                (((), len(self.drifted)),),
+            ),
+        ]
+
+
+def collect_triggers(conn: psycopg.Connection[Any]) -> TriggersSection:
+    """The ``triggers`` section: :func:`pgcounters.triggers.drift` of the recorded specs."""
+    from pgcounters import triggers
+
+    installed = schema.state(conn).installed
+    if installed is None or installed < SPECS_SCHEMA_VERSION:
+        return TriggersSection((), available=False)
+    found = triggers.drift(conn)
+    return TriggersSection(tuple(TriggerDrift(d.name, d.state, d.detail) for d in found))
+
+
+SPECS_SCHEMA_VERSION = 2
+"""The schema version that added recorded declarations (``pgcounters.specs``)."""
+
+register_section("triggers", collect_triggers)
