@@ -135,7 +135,8 @@ def test_new_counter_migrations_depend_on_the_schema(settings: Any) -> None:
     assert "AddTrigger" in text
     deps = re.search(r"dependencies = \[(.*?)\]", text, re.S)
     assert deps is not None
-    assert re.search(r"\(['\"]pgcounters['\"], ['\"]\d{4}_schema['\"]\)", deps.group(1))
+    # the app's latest migration (the schema, or the admin's unmanaged models after it)
+    assert re.search(r"\(['\"]pgcounters['\"], ['\"]\d{4}_\w+['\"]\)", deps.group(1))
 
 
 def test_only_counter_triggers_need_the_schema() -> None:

@@ -373,6 +373,12 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover - the loop returns at GB
 
 
+format_age = _age
+"""Seconds as a short human-readable duration ("-" for None)."""
+format_size = _size
+"""Bytes as a short human-readable size."""
+
+
 def text(status: Status) -> str:
     """The human-readable report."""
     s = status
