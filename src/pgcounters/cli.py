@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
 
@@ -791,10 +791,15 @@ def _add_operations(add: Callable[[str, Handler, str], argparse.ArgumentParser])
 
 # -- verify and recount ------------------------------------------------------------
 
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from pgcounters.specs import CounterSpec
+
 EXIT_DRIFT = 5
 
 
-def _chosen_specs(conn: psycopg.Connection[Any], names: Sequence[str]) -> list[Any]:
+def _chosen_specs(conn: psycopg.Connection[Any], names: Sequence[str]) -> list[CounterSpec]:
     """The declared counters named (default: all), in the order given, each once."""
     from pgcounters import triggers
     from pgcounters.errors import UnknownCounter
@@ -862,7 +867,7 @@ def _cmd_verify(args: argparse.Namespace, dsn: str) -> int:
     return code
 
 
-def _range_bound(spec: Any, text: str | None) -> str | None:
+def _range_bound(spec: CounterSpec, text: str | None) -> str | None:
     """A --key-from/--key-to value checked against the counter's first key part."""
     from pgcounters.keys import encode_key
 
@@ -877,7 +882,7 @@ class _ProgressBar:
 
     def __init__(self, name: str, show: bool) -> None:
         self.name, self.show = name, show
-        self.bar: Any = None
+        self.bar: tqdm[NoReturn] | None = None
 
     def start(self, total: int) -> None:
         from tqdm import tqdm
