@@ -159,6 +159,12 @@ def test_makemigrations_has_nothing_to_add_for_the_app() -> None:
     assert "No changes detected" in out.getvalue()
 
 
+def test_the_system_checks_accept_the_models_and_admins() -> None:
+    out = StringIO()
+    call_command("check", stdout=out)  # raises SystemCheckError on any error
+    assert "no issues" in out.getvalue()
+
+
 def test_manage_py_verify_and_recount(capsys: pytest.CaptureFixture[str]) -> None:
     user = User.objects.create(username="u")
     articles = Article.objects.bulk_create([Article(title=f"a{i}") for i in range(3)])

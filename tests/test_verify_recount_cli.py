@@ -8,6 +8,7 @@ import os
 import pty
 import random
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -300,6 +301,42 @@ def test_an_interrupted_recount_resumes_where_it_stopped(
         (ARTICLE,),
     )
     assert "3000 keys" in run(capsys, dsn, "recount", ARTICLE, "--restart")[1]
+
+
+def test_ctrl_c_stops_a_recount_with_exit_130_and_it_resumes(
+    dsn: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    blog_schema.create(conn, articles=3000)
+    spec = blog_schema.specs()[0]
+    triggers.install(conn, [spec])
+    conn.execute("UPDATE blog_article SET public_comments = 1")
+    proc = _spawn_recount(
+        dsn, ARTICLE, "--batch-size", "1", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline
+            assert proc.poll() is None, "the recount ended before it could be interrupted"
+            row = conn.execute(
+                "SELECT keys_done FROM pgcounters.recounts WHERE name = %s", (ARTICLE,)
+            ).fetchone()
+            if row and row[0] >= 20:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == cli.EXIT_INTERRUPTED == 130
+    assert "interrupted; its committed batches stay done" in err.decode()
+    assert out == b""
+    code, text, _ = run(capsys, dsn, "recount", ARTICLE, "--batch-size", "1000")
+    assert code == 0
+    assert "(resumed)" in text
+    assert verify(conn, spec).ok
 
 
 def test_the_progress_bar_goes_to_a_terminal_only(
