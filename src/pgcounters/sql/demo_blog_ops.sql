@@ -39,18 +39,18 @@ UPDATE demo_blog.comments SET publish_status = %(status)s WHERE id = %(id)s;
 
 -- name: set_status_bulk
 UPDATE demo_blog.comments SET publish_status = %(status)s
-WHERE writer = %(writer)s AND id >= %(from)s AND id < %(from)s + %(span)s;
+WHERE writer = %(writer)s AND id >= %(from)s::bigint AND id < %(from)s::bigint + %(span)s::bigint;
 
 -- name: move_bulk
 UPDATE demo_blog.comments SET article_id = %(article)s
-WHERE writer = %(writer)s AND id >= %(from)s AND id < %(from)s + %(span)s;
+WHERE writer = %(writer)s AND id >= %(from)s::bigint AND id < %(from)s::bigint + %(span)s::bigint;
 
 -- name: delete_comment
 DELETE FROM demo_blog.comments WHERE id = %(id)s;
 
 -- name: delete_comments_bulk
 DELETE FROM demo_blog.comments
-WHERE writer = %(writer)s AND id >= %(from)s AND id < %(from)s + %(span)s;
+WHERE writer = %(writer)s AND id >= %(from)s::bigint AND id < %(from)s::bigint + %(span)s::bigint;
 
 -- name: id_range
 SELECT coalesce(min(id), 0), coalesce(max(id), 0) FROM demo_blog.comments;
