@@ -133,3 +133,8 @@ class InvalidQuotaArgument(QuotaError):
 
 class WorkerError(PgCountersError):
     """The worker stopped on an error it cannot recover from."""
+
+
+class CounterDeliveredElsewhere(InvalidCounterDefinition):
+    """The counter is already kept by triggers delivered another way (for example by Django
+    migrations); installing it again would count every row twice."""

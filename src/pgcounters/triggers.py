@@ -28,7 +28,7 @@ from pgcounters.compiler import (
     truth_query,
 )
 from pgcounters.dberrors import translate, translated
-from pgcounters.errors import InvalidCounterDefinition, UnknownCounter
+from pgcounters.errors import CounterDeliveredElsewhere, InvalidCounterDefinition, UnknownCounter
 from pgcounters.keys import check_name
 from pgcounters.specs import CounterSpec
 from pgcounters.sqlfiles import query
@@ -91,12 +91,15 @@ def install(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec]) -> list
 
     Each spec gets its target declared (``pgcounters.targets``), its four
     triggers created or replaced, and its definition recorded. Returns the
-    names installed.
+    names installed. A counter whose triggers were delivered another way (by
+    Django migrations through django-pgtrigger, say) is refused with
+    :class:`CounterDeliveredElsewhere`: two sets of triggers would count twice.
     """
     chosen = list(specs)
     _check_unique(chosen)
     schema.check(conn)
     with translated(), conn.transaction():
+        _refuse_other_deliveries(conn, chosen)
         for spec in chosen:
             validate(conn, spec)
             compiled = compile_spec(spec)
@@ -104,6 +107,24 @@ def install(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec]) -> list
             conn.execute(compiled.install_sql())
             record(conn, spec)
     return [spec.name for spec in chosen]
+
+
+def _refuse_other_deliveries(conn: psycopg.Connection[Any], specs: Sequence[CounterSpec]) -> None:
+    wanted = {spec.name for spec in specs}
+    ours = {trigger_name(name, event) for name in wanted for event in EVENTS}
+    others = sorted(
+        (t.spec_name, t.trigger)
+        for t in installed(conn)
+        if t.spec_name in wanted and t.trigger not in ours
+    )
+    if others:
+        name, first = others[0]
+        raise CounterDeliveredElsewhere(
+            f"counter {name} is already kept by triggers installed another way ({first}"
+            f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}); "
+            "installing it again would count every row twice: keep one delivery "
+            "(for Django models, the migrations) or uninstall the other first"
+        )
 
 
 def uninstall(conn: psycopg.Connection[Any], name: str, *, drop_values: bool = False) -> bool:

@@ -15,13 +15,17 @@ class PgCountersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from pgcounters.contrib.django import checks  # noqa: F401  (registers the checks)
+        from pgcounters.contrib.django import (
+            checks,  # noqa: F401  (registers the checks)
+            migration_deps,
+        )
         from pgcounters.contrib.django.declarations import declared_counters
         from pgcounters.contrib.django.triggers import register
 
         for model, spec in declared_counters():
             register(model, spec)
         post_migrate.connect(_record_specs, sender=self)
+        migration_deps.install()
 
 
 def _record_specs(using: str, **kwargs: Any) -> None:
