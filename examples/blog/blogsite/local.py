@@ -17,6 +17,7 @@ run your own worker instead.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -100,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "blogsite.settings")
     from django.core.management import execute_from_command_line
 
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds, so the embedded server is stopped
+
+    signal.signal(signal.SIGTERM, _terminate)
     with embedded_database():
         if _serving(argv) and os.environ.get("BLOG_WORKER", "1") != "0":
             configured = dsn_from_env()
