@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,31 +50,48 @@ DEFAULT_OUTPUT = "bench-results"
 
 @contextmanager
 def _progress(names: Sequence[str]) -> Iterator[Callable[[str], None]]:
-    """A progress bar on stderr (tqdm), one step per scenario; off when stderr is no TTY."""
+    """A progress bar on stderr (tqdm), one step per scenario; off when stderr is no TTY.
+
+    Yields a function to call as each scenario starts; the bar's postfix follows the
+    variants measured (through :data:`report.LISTENERS`).
+    """
     try:
         from tqdm import tqdm
     except ImportError:
         yield lambda name: None
         return
-    bar = tqdm(total=len(names), unit="scenario", file=sys.stderr, disable=not sys.stderr.isatty())
-    runs = {"n": 0}
+    # the size from shutil: a terminal that reports 0x0 gets 80x24 (tqdm would hide the bar)
+    size = shutil.get_terminal_size()
+    bar = tqdm(
+        total=len(names),
+        unit="scenario",
+        file=sys.stderr,
+        disable=not sys.stderr.isatty(),
+        ncols=size.columns,
+        nrows=size.lines,
+    )
+    state = {"runs": 0, "started": 0}
 
     def on_run(scenario: str, variant: str) -> None:
-        runs["n"] += 1
-        bar.set_postfix_str(f"{variant} (run {runs['n']})", refresh=True)
+        state["runs"] += 1
+        bar.set_postfix_str(f"{variant} (run {state['runs']})", refresh=True)
 
     def on_scenario(name: str) -> None:
-        runs["n"] = 0
+        if state["started"]:
+            bar.update(1)  # the previous scenario is done
+        state["started"] += 1
+        state["runs"] = 0
+        bar.set_postfix_str("", refresh=False)
         bar.set_description_str(name, refresh=True)
 
     LISTENERS.append(on_run)
     try:
         yield on_scenario
-        bar.update(0)
+        if state["started"]:
+            bar.update(1)
     finally:
         LISTENERS.remove(on_run)
         bar.close()
-    return
 
 
 def _server_version(dsn: str) -> str:
