@@ -73,6 +73,9 @@ SELECT count(*)
     ON t.creator_id = u.id
  WHERE u.total_public_comments <> coalesce(t.n, 0);
 
+-- name: count_rows
+SELECT count(*) FROM {comments};
+
 -- name: seed_pending_tasks
 SELECT count(*) FROM seed000.counting_task;
 
