@@ -39,3 +39,11 @@ clean:
 
 bench: $(STAMP)
 	$(BIN)/pgcounters bench $(BENCH_ARGS)
+
+# The blog example (examples/blog): migrate, load sample data, serve on http://127.0.0.1:8000/
+# (an embedded PostgreSQL in examples/blog/pgcounters-data unless PGCOUNTERS_DSN is set).
+.PHONY: blog
+blog: $(STAMP)
+	cd examples/blog && ../../$(BIN)/python manage.py migrate
+	cd examples/blog && ../../$(BIN)/python manage.py blog_seed
+	cd examples/blog && ../../$(BIN)/python manage.py runserver

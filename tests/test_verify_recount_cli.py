@@ -342,9 +342,11 @@ def test_ctrl_c_stops_a_recount_with_exit_130_and_it_resumes(
 def test_the_progress_bar_goes_to_a_terminal_only(
     dsn: str, conn: psycopg.Connection[Any], blog: list[CounterSpec]
 ) -> None:
-    def recount_on_a_terminal(*extra: str) -> tuple[int, str, str]:
+    def recount_on_a_terminal(
+        *extra: str, size: tuple[int, int] = (24, 100)
+    ) -> tuple[int, str, str]:
         primary, secondary = pty.openpty()
-        fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+        fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
         proc = _spawn_recount(
             dsn, ARTICLE, "--batch-size", "2", *extra, stdout=subprocess.PIPE, stderr=secondary
         )
@@ -367,6 +369,9 @@ def test_the_progress_bar_goes_to_a_terminal_only(
 
     code, out, terminal = recount_on_a_terminal()
     assert code == 0
+    assert "5/5" in recount_on_a_terminal(size=(0, 0))[2]  # a terminal that reports no size
+    narrow = recount_on_a_terminal(size=(24, 60))[2]  # the bar fits stderr's terminal
+    assert max(len(line) for line in narrow.replace("\r", "\n").splitlines()) <= 60
     assert f"{ARTICLE}: 5 keys" in out
     assert ARTICLE in terminal
     assert "5/5" in terminal

@@ -1,11 +1,7 @@
 #!/usr/bin/env python
-"""The blog example's manage.py."""
+"""The blog example's manage.py: with no PGCOUNTERS_DSN, it runs on an embedded PostgreSQL."""
 
-import os
-import sys
+from blogsite.local import main
 
 if __name__ == "__main__":
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "blogsite.settings")
-    from django.core.management import execute_from_command_line
-
-    execute_from_command_line(sys.argv)
+    main()

@@ -209,7 +209,15 @@ def _cmd_bench(args: argparse.Namespace, dsn: str) -> int:
         raise ConfigurationError(
             f"unknown scenario {', '.join(unknown)}; choose from {', '.join(bench.SCENARIOS)}"
         )
-    return bench.main(dsn, args.scenario, repeat=args.repeat, quick=args.quick, as_json=args.json)
+    return bench.main(
+        dsn,
+        args.scenario,
+        repeat=args.repeat,
+        quick=args.quick,
+        as_json=args.json,
+        output=args.output,
+        markdown=args.markdown,
+    )
 
 
 def _cmd_server(args: argparse.Namespace, dsn: str) -> int:
@@ -338,6 +346,13 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="runs of each variant (median reported)")
     p.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--output",
+        default="bench-results",
+        metavar="DIR",
+        help="write results.json, results.md and PNG charts here (default: bench-results)",
+    )
+    p.add_argument("--markdown", metavar="FILE", help="also write the Markdown report to FILE")
 
     add("server", _cmd_server, "run the embedded PostgreSQL until Ctrl-C and print its DSN")
 
@@ -885,10 +900,22 @@ class _ProgressBar:
         self.bar: tqdm[NoReturn] | None = None
 
     def start(self, total: int) -> None:
+        import os
+        import shutil
+
         from tqdm import tqdm
 
+        # the size of stderr's terminal; one that reports 0x0 gets shutil's (stdout's, or
+        # 80x24): with 0 columns tqdm would draw nothing at all
+        try:
+            columns, lines = os.get_terminal_size(sys.stderr.fileno())
+        except (OSError, ValueError):
+            columns = lines = 0
+        if columns <= 0 or lines <= 0:
+            columns, lines = shutil.get_terminal_size()
         self.bar = tqdm(total=total, desc=self.name, unit=" keys", file=sys.stderr,
-                        disable=not self.show, dynamic_ncols=True, leave=True)  # fmt: skip
+                        disable=not self.show, ncols=columns, nrows=lines,
+                        leave=True)  # fmt: skip
 
     def update(self, n: int) -> None:
         if self.bar is not None:

@@ -240,18 +240,20 @@ class Counters:
         before anything is written, so bad input writes nothing. Returns the
         number of distinct (counter, key) pairs written.
         """
-        netted: dict[tuple[Counter, tuple[str, ...]], int] = defaultdict(int)
+        # netted per (counter id, key): hashing ints and strings, not Counter objects
+        netted: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
+        by_id: dict[int, Counter] = {}
         for item in items:
             name, key, delta = item
             counter = self.counter(name)
+            by_id[counter.id] = counter
             encoded = tuple(encode_key(key, counter.key_types, name))
-            netted[(counter, encoded)] += check_delta(delta)
+            netted[(counter.id, encoded)] += check_delta(delta)
         by_kind: dict[
             Mode | Literal["direct_column"], list[tuple[Counter, tuple[str, ...], int]]
         ] = defaultdict(list)
-        for (counter, encoded), total in sorted(
-            netted.items(), key=lambda kv: (kv[0][0].id, kv[0][1])
-        ):
+        for (counter_id, encoded), total in sorted(netted.items()):
+            counter = by_id[counter_id]
             check_delta(total)
             if total == 0:
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,6 +65,10 @@ def database(
 
     folder = data_dir(data)
     if not quiet:
-        print(f"pgcounters: no PGCOUNTERS_DSN set; using an embedded PostgreSQL in {folder}")
+        # a notice, on stderr: stdout stays the command's output (e.g. one JSON object)
+        print(
+            f"pgcounters: no PGCOUNTERS_DSN set; using an embedded PostgreSQL in {folder}",
+            file=sys.stderr,
+        )
     with running(folder) as server:
         yield server.dsn()

@@ -100,8 +100,13 @@ def _encode_part(part: object, key_type: KeyType, counter: str) -> str:
     return part
 
 
+_ONE_BIGINT: tuple[KeyType, ...] = ("bigint",)
+
+
 def encode_key(key: object, key_types: tuple[KeyType, ...], counter: str) -> list[str]:
     """Validate ``key`` against ``key_types`` and return its canonical ``text[]`` form."""
+    if type(key) is int and key_types == _ONE_BIGINT and BIGINT_MIN <= key <= BIGINT_MAX:
+        return [str(key)]  # the hot path: one integer key
     if not key_types:
         if key is None or key == ():
             return []
@@ -139,6 +144,8 @@ def decode_key(parts: Sequence[str], key_types: tuple[KeyType, ...]) -> Key:
 
 def check_delta(delta: object) -> int:
     """Return ``delta`` if it is an int in the bigint range, else raise InvalidDelta."""
+    if type(delta) is int and BIGINT_MIN <= delta <= BIGINT_MAX:
+        return delta
     if isinstance(delta, bool) or not isinstance(delta, int):
         raise InvalidDelta(f"a delta must be an int, got {delta!r}")
     if not BIGINT_MIN <= delta <= BIGINT_MAX:

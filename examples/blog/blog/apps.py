@@ -1,6 +1,25 @@
+from __future__ import annotations
+
+from typing import Any
+
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class BlogConfig(AppConfig):
     name = "blog"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        post_migrate.connect(define_api_quota, sender=self)
+
+
+def define_api_quota(using: str = "default", **kwargs: Any) -> None:
+    """After migrate: the quota of the rate-limited API view (idempotent)."""
+    from django.conf import settings
+
+    from pgcounters.contrib.django.db import psycopg_connection
+    from pgcounters.quotas import Quotas
+
+    with psycopg_connection(using) as conn:
+        Quotas(conn).define_quota(settings.BLOG_API_QUOTA, settings.BLOG_API_LIMIT, window="minute")

@@ -1,7 +1,9 @@
 """Settings of the blog example (seeds 000, 001 and 003).
 
 The database comes from ``PGCOUNTERS_DSN`` (or ``DATABASE_URL``), a libpq
-connection string or URL.
+connection string or URL. With neither set, ``manage.py`` starts an embedded
+PostgreSQL and sets ``PGCOUNTERS_DSN`` before these settings are read (see
+``blogsite/local.py``); importing the settings never starts a server.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "pgtrigger",
     "pgcounters.contrib.django",
     "blog",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
@@ -68,3 +72,10 @@ DATABASES = {"default": _database()}
 # "direct" (an INSERT in the request's transaction), "batching" or "redis".
 PGCOUNTERS_EVENTS = os.environ.get("PGCOUNTERS_EVENTS", "direct")
 PGCOUNTERS_REDIS_URL = os.environ.get("PGCOUNTERS_REDIS_URL", "")
+
+STATIC_URL = "static/"
+
+# The API example (blog.views.api_top_articles) is limited by this quota, defined
+# after migrate (blog.apps): BLOG_API_LIMIT calls per client address per minute.
+BLOG_API_QUOTA = "blog.api"
+BLOG_API_LIMIT = int(os.environ.get("BLOG_API_LIMIT", "30"))

@@ -12,10 +12,16 @@ A scenario lives in its own module of this package and is registered in
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
-from pgcounters.bench import drain, hot, quota
-from pgcounters.bench.report import Measurement, Runner, Scenario
+from pgcounters.bench import blog, drain, hot, quota
+from pgcounters.bench.report import LISTENERS, Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
 
@@ -34,14 +40,125 @@ SCENARIOS: dict[str, Runner] = {
     "quota": quota.quota,
     "drain": drain.drain,
     "drain-lag": drain.drain_lag,
+    "trigger-overhead": blog.trigger_overhead,
+    "top-n": blog.top_n,
+    "exact-read": blog.exact_read,
 }
 
+DEFAULT_OUTPUT = "bench-results"
 
-def main(dsn: str, names: Sequence[str], *, repeat: int, quick: bool, as_json: bool) -> int:
+
+@contextmanager
+def _progress(names: Sequence[str]) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr (tqdm), one step per scenario; off when stderr is no TTY.
+
+    Yields a function to call as each scenario starts; the bar's postfix follows the
+    variants measured (through :data:`report.LISTENERS`).
+    """
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        yield lambda name: None
+        return
+    # the size from shutil: a terminal that reports 0x0 gets 80x24 (tqdm would hide the bar)
+    size = shutil.get_terminal_size()
+    bar = tqdm(
+        total=len(names),
+        unit="scenario",
+        file=sys.stderr,
+        disable=not sys.stderr.isatty(),
+        ncols=size.columns,
+        nrows=size.lines,
+    )
+    state = {"runs": 0, "started": 0}
+
+    def on_run(scenario: str, variant: str) -> None:
+        state["runs"] += 1
+        bar.set_postfix_str(f"{variant} (run {state['runs']})", refresh=True)
+
+    def on_scenario(name: str) -> None:
+        if state["started"]:
+            bar.update(1)  # the previous scenario is done
+        state["started"] += 1
+        state["runs"] = 0
+        bar.set_postfix_str("", refresh=False)
+        bar.set_description_str(name, refresh=True)
+
+    LISTENERS.append(on_run)
+    try:
+        yield on_scenario
+        if state["started"]:
+            bar.update(1)
+    finally:
+        LISTENERS.remove(on_run)
+        bar.close()
+
+
+def _server_version(dsn: str) -> str:
+    from pgcounters.config import connect
+
+    with connect(dsn) as conn:
+        version = conn.info.server_version
+    return f"{version // 10000}.{version % 10000}"
+
+
+def main(
+    dsn: str,
+    names: Sequence[str],
+    *,
+    repeat: int,
+    quick: bool,
+    as_json: bool,
+    output: str | None = DEFAULT_OUTPUT,
+    markdown: str | None = None,
+) -> int:
     chosen = list(names) or list(SCENARIOS)
-    results = [SCENARIOS[name](dsn, repeat, quick) for name in chosen]
+    started = time.perf_counter()
+    results: list[Scenario] = []
+    with _progress(chosen) as starting:
+        for name in chosen:
+            starting(name)
+            results.append(SCENARIOS[name](dsn, repeat, quick))
+    seconds = time.perf_counter() - started
+    document: dict[str, object] = {
+        "scenarios": [s.as_json() for s in results],
+        "repeat": repeat,
+        "quick": quick,
+        "seconds": round(seconds, 1),
+        "postgresql": _server_version(dsn),
+        "machine": f"{platform.machine()}, {_cpus()} CPUs, Python {platform.python_version()}",
+    }
     if as_json:
-        print(json.dumps({"scenarios": [s.as_json() for s in results]}, indent=2))
+        print(json.dumps(document, indent=2))
     else:
         print("\n\n".join(s.table() for s in results))
+    if output is not None or markdown is not None:
+        from pgcounters.bench import output as out
+
+        header = [
+            "# pgcounters bench",
+            "",
+            f"`pgcounters bench {' '.join(chosen)} --repeat {repeat}{' --quick' if quick else ''}`"
+            f": {seconds:.0f} s; PostgreSQL {document['postgresql']}; {document['machine']}.",
+        ]
+        written = out.write(
+            results,
+            document,
+            Path(output or DEFAULT_OUTPUT),
+            header=header,
+            markdown_file=Path(markdown) if markdown else None,
+        )
+        if written.note:
+            print(written.note, file=sys.stderr)
+        print(
+            f"results written to {written.json.parent}/ "
+            f"({len(written.charts)} charts, {', '.join(str(p) for p in written.markdown)})",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 1

@@ -241,6 +241,7 @@ def redis_buffer(
         "to PostgreSQL (operations = keys).",
         unit="operations",
     )
+    scenario.headline = ("incr: redis buffer", "incr: zincrby (seed 003)")
     rng = random.Random(3)
     plan = [rng.randrange(KEYS) for _ in range(increments)]
     expected = dict(Tally(plan))

@@ -171,6 +171,8 @@ def drain(dsn: str, repeat: int, quick: bool) -> Scenario:
             (f"pgcounters {size}", f"pgcounters-skip-locked {size}", None),
         ]
     scenario.compare(comparisons)
+    # the headline: the largest queue, pgcounters against the seed's function
+    scenario.headline = (f"pgcounters {_label(sizes[-1])}", f"seed-between {_label(sizes[-1])}")
     return scenario
 
 

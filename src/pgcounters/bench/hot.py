@@ -53,6 +53,8 @@ def hot_counters(dsn: str, repeat: int, quick: bool) -> Scenario:
         "each increment its own transaction.",
         unit="increments",
     )
+    # the headline: the batching client against the seed's plain UPDATE
+    scenario.headline = ("pgcounters-batched", "update")
     plan = workloads.make_plan(10, per_writer, 10)
     _run(dsn, scenario, list(workloads.VARIANTS), plan, repeat)
     scenario.compare(HOT_COMPARISONS)
@@ -67,6 +69,7 @@ def hot_counters_txn(dsn: str, repeat: int, quick: bool) -> Scenario:
         "in random order, then works 20 ms before COMMIT.",
         unit="increments",
     )
+    scenario.headline = ("pgcounters-queued", "update")
     plan = workloads.make_plan(10, per_writer, 10, per_transaction=(1, 3))
     _run(
         dsn,

@@ -160,6 +160,7 @@ def quota(dsn: str, repeat: int, quick: bool) -> Scenario:
         "subject (hot8-*).",
         unit="calls",
     )
+    scenario.headline = ("pgcounters", "seed")
     prepare(dsn)
     for i in range(repeat):
         # the order rotates from one repeat to the next: a variant that follows another

@@ -36,6 +36,9 @@ class Scenario:
     comparisons: list[dict[str, object]] = field(default_factory=list)
     extra_aggregate: Literal["sum", "median"] = "sum"
     """How the ``extra`` figures of a variant's runs are combined (counts add up, times don't)."""
+    headline: tuple[str, str] | None = None
+    """(variant, baseline) of the scenario's headline ratio: pgcounters vs the seed's
+    technique. None: the first comparison with a target."""
 
     def _combine(self, values: Sequence[float]) -> float:
         if self.extra_aggregate == "median":
@@ -46,14 +49,25 @@ class Scenario:
         if not measurement.exact:
             raise AssertionError(f"{self.name}/{variant}: the result is not exact")
         self.runs.setdefault(variant, []).append(measurement)
+        for listener in list(LISTENERS):
+            listener(self.name, variant)
 
     def median(self, variant: str) -> float:
         return statistics.median(r.seconds for r in self.runs[variant])
 
+    def per_operation(self, variant: str) -> float:
+        """Median seconds per operation (variants may run different numbers of operations)."""
+        return self.median(variant) / max(self.runs[variant][0].operations, 1)
+
+    def rate(self, variant: str) -> float:
+        """Operations per second at the median time."""
+        per = self.per_operation(variant)
+        return 1 / per if per else 0.0
+
     def compare(self, spec: Sequence[Comparison]) -> None:
-        """Ratios of median times (baseline / variant: higher is better)."""
+        """Ratios of median times per operation (baseline / variant: higher is better)."""
         for variant, baseline, target in spec:
-            ratio = self.median(baseline) / self.median(variant)
+            ratio = self.per_operation(baseline) / self.per_operation(variant)
             self.comparisons.append(
                 {
                     "variant": variant,
@@ -73,6 +87,7 @@ class Scenario:
 
     def as_json(self) -> dict[str, object]:
         extra_keys = self._extra_keys()
+        head = self.headline_comparison()
         return {
             "name": self.name,
             "description": self.description,
@@ -84,14 +99,29 @@ class Scenario:
                     "min_seconds": round(min(r.seconds for r in runs), 4),
                     "max_seconds": round(max(r.seconds for r in runs), 4),
                     self.unit: runs[0].operations,
-                    "per_second": round(runs[0].operations / self.median(v), 1),
+                    "rate": round(self.rate(v), 1),
                     "exact": all(r.exact for r in runs),
                     **{k: self._combine([r.extra.get(k, 0) for r in runs]) for k in extra_keys},
                 }
                 for v, runs in self.runs.items()
             },
-            "comparisons": self.comparisons,
+            "ratio": None if head is None else head["ratio"],
+            "target": None if head is None else head["target"],
+            "met": None if head is None else head["met"],
+            "headline": None if head is None else f"{head['variant']} vs {head['baseline']}",
+            "ratios": self.comparisons,
         }
+
+    def headline_comparison(self) -> dict[str, object] | None:
+        """The comparison of :attr:`headline` (else the first with a target, else the first)."""
+        if self.headline is not None:
+            variant, baseline = self.headline
+            for c in self.comparisons:
+                if (c["variant"], c["baseline"]) == (variant, baseline):
+                    return c
+        with_target = [c for c in self.comparisons if c["target"] is not None]
+        chosen = with_target or self.comparisons
+        return chosen[0] if chosen else None
 
     def table(self) -> str:
         extra_keys = self._extra_keys()
@@ -105,7 +135,7 @@ class Scenario:
                 v,
                 f"{med:.3f}",
                 f"{min(r.seconds for r in runs):.3f}-{max(r.seconds for r in runs):.3f}",
-                f"{runs[0].operations / med:,.0f}",
+                f"{self.rate(v):,.0f}",
                 *(f"{self._combine([r.extra.get(k, 0) for r in runs]):g}" for k in extra_keys),
                 "yes" if all(r.exact for r in runs) else "NO",
             ]
@@ -122,8 +152,19 @@ class Scenario:
                 lines.append(
                     f"| {c['variant']} | {c['baseline']} | {c['ratio']}x | {target} | {met} |"
                 )
+        top = self.headline_comparison()
+        if top is not None:
+            verdict = "" if top["met"] is None else (", met" if top["met"] else ", NOT met")
+            target = "" if top["target"] is None else f" (target >= {top['target']}x{verdict})"
+            lines += [
+                "",
+                f"Headline: {top['variant']} vs {top['baseline']}: {top['ratio']}x{target}.",
+            ]
         return "\n".join(lines)
 
 
 # A scenario runner: (dsn, repeat, quick) -> the filled scenario
 Runner = Callable[[str, int, bool], Scenario]
+
+# Called with (scenario name, variant) whenever a run is added (the progress bar listens)
+LISTENERS: list[Callable[[str, str], None]] = []

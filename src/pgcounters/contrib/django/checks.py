@@ -34,6 +34,18 @@ def check_database(
 
     out: list[checks.CheckMessage] = []
     for alias in databases or []:
+        pending = _unapplied_migrations(alias)
+        if pending:
+            # `migrate` runs the checks before it migrates: a fresh database is not an error
+            out.append(
+                checks.Warning(
+                    f"database {alias!r}: {pending} migrations not applied yet; the schema "
+                    "and trigger checks wait for them",
+                    hint="run `manage.py migrate`",
+                    id="pgcounters.W001",
+                )
+            )
+            continue
         try:
             with psycopg_connection(alias) as conn:
                 schema.check(conn)
@@ -57,3 +69,12 @@ def check_database(
                 )
             )
     return out
+
+
+def _unapplied_migrations(alias: str) -> int:
+    """How many migrations of the project are not applied to database ``alias``."""
+    from django.db import connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connections[alias])
+    return len(executor.migration_plan(executor.loader.graph.leaf_nodes()))
