@@ -229,7 +229,11 @@ class Counters:
             if counter.is_column:
                 cur.execute(counter.composed("direct_column"), (delta, encoded[0]))
             else:
-                cur.execute(query("direct_named"), (counter.id, encoded, delta))
+                # through a SECURITY DEFINER function: the application role needs
+                # no write right on pgcounters.counters (migration 0006)
+                cur.execute(
+                    query("direct_named_add"), ([counter.id], [array_literal(encoded)], [delta])
+                )
             row = cur.fetchone()
         return None if row is None else int(row[0])
 
@@ -274,11 +278,17 @@ class Counters:
                     for counter, encoded, total in rows:
                         cur.execute(counter.composed("direct_column"), (total, encoded[0]))
                     continue
-                table = {
-                    "queued": "queue",
-                    "unlogged": "queue_unlogged",
-                    "direct": "counters",
-                }[kind]
+                if kind == "direct":
+                    cur.execute(
+                        query("direct_named_add"),
+                        (
+                            [c.id for c, _, _ in rows],
+                            [array_literal(e) for _, e, _ in rows],
+                            [total for _, _, total in rows],
+                        ),
+                    )
+                    continue
+                table = {"queued": "queue", "unlogged": "queue_unlogged"}[kind]
                 for start in range(0, len(rows), _MAX_ROWS_PER_STATEMENT):
                     chunk = rows[start : start + _MAX_ROWS_PER_STATEMENT]
                     cur.execute(_multi_insert(table, len(chunk)), _flatten(chunk))
@@ -446,12 +456,6 @@ def array_literal(parts: Sequence[str]) -> str:
 def _multi_insert(table: str, rows: int) -> bytes:
     one = sql.SQL("(%s, %s::text[], %s)")
     values = sql.SQL(", ").join([one] * rows)
-    if table == "counters":
-        statement = sql.SQL(
-            "INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES {} "
-            "ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value"
-        ).format(values)
-        return statement.as_bytes(None)
     return (
         sql.SQL("INSERT INTO {} (target_id, key, delta) VALUES {}")
         .format(sql.Identifier("pgcounters", table), values)

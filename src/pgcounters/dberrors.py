@@ -65,6 +65,11 @@ def translate(exc: psycopg.Error) -> errors.PgCountersError | None:
         return errors.SchemaNotInstalled()
     if isinstance(exc, pg.UndefinedTable):
         return errors.InvalidCounterDefinition(message)
+    if isinstance(exc, pg.InsufficientPrivilege):
+        return errors.PermissionDenied(
+            f"{message}: this database role lacks the right (see `pgcounters grant` "
+            "and docs/security.md)"
+        )
     return None
 
 

@@ -133,3 +133,7 @@ class InvalidQuotaArgument(QuotaError):
 
 class WorkerError(PgCountersError):
     """The worker stopped on an error it cannot recover from."""
+
+
+class PermissionDenied(PgCountersError):
+    """This database role may not do that: see `pgcounters grant` and docs/security.md."""
