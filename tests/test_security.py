@@ -114,9 +114,7 @@ def test_app_role_writes_tables_with_declared_counters(
         assert verify(setup, spec).mismatches == [], spec.name
 
 
-def test_direct_mode_triggers_run_with_app_rights(
-    dsn: str, conn: psycopg.Connection[Any]
-) -> None:
+def test_direct_mode_triggers_run_with_app_rights(dsn: str, conn: psycopg.Connection[Any]) -> None:
     blog_schema.create(conn)
     specs = blog_schema.specs("direct")
     triggers.install(conn, specs)
@@ -251,9 +249,12 @@ def test_public_may_execute_no_pgcounters_function(conn: psycopg.Connection[Any]
 
 
 def test_a_role_without_grants_sees_nothing(dsn: str, setup: psycopg.Connection[Any]) -> None:
-    with login_role(dsn, "pgc_none") as (_, role_dsn), psycopg.connect(role_dsn) as c:
-        with pytest.raises(PermissionDenied):
-            Counters(c).get("q", 1)
+    with (
+        login_role(dsn, "pgc_none") as (_, role_dsn),
+        psycopg.connect(role_dsn) as c,
+        pytest.raises(PermissionDenied),
+    ):
+        Counters(c).get("q", 1)
 
 
 def test_definer_functions_ignore_the_callers_search_path(
@@ -278,7 +279,7 @@ def test_grant_refuses_unknown_and_bad_roles(conn: psycopg.Connection[Any]) -> N
 def test_grant_command(dsn: str, conn: psycopg.Connection[Any], capsys: Any) -> None:
     with login_role(dsn, "pgc_cli") as (role, role_dsn):
         assert run(["--dsn", dsn, "grant", "--app", role]) == 0
-        assert f'GRANT INSERT ON pgcounters.queue, pgcounters.queue_unlogged TO {role}' in (
+        assert f"GRANT INSERT ON pgcounters.queue, pgcounters.queue_unlogged TO {role}" in (
             capsys.readouterr().out
         )
         Counters(conn).create_counter("c")

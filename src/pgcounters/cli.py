@@ -796,7 +796,9 @@ def _cmd_grant(args: argparse.Namespace, dsn: str) -> int:
     from pgcounters import security
 
     if not (args.app or args.worker or args.revoke):
-        raise ConfigurationError("name at least one role: --app ROLE, --worker ROLE or --revoke ROLE")
+        raise ConfigurationError(
+            "name at least one role: --app ROLE, --worker ROLE or --revoke ROLE"
+        )
     with connect(dsn) as conn:
         done: list[str] = []
         for role in args.revoke or []:

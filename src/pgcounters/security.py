@@ -26,7 +26,9 @@ MAX_ROLE_BYTES = 63
 
 def _check_role(role: object) -> str:
     if not isinstance(role, str) or not role or "\x00" in role:
-        raise ConfigurationError(f"a role name must be a non-empty string without NUL, got {role!r}")
+        raise ConfigurationError(
+            f"a role name must be a non-empty string without NUL, got {role!r}"
+        )
     if len(role.encode()) > MAX_ROLE_BYTES:
         raise ConfigurationError(
             f"role name {role!r} is longer than PostgreSQL's limit of {MAX_ROLE_BYTES} bytes"
