@@ -76,8 +76,8 @@ def test_concurrent_transactions_count_exactly(
             c.isolation_level = level
             wc = Counters(c)
             quotas = Quotas(c)
+            outcome: list[bool] = []
             for _ in range(TRANSACTIONS):
-                outcome: list[bool] = []
 
                 def work() -> None:
                     outcome.clear()

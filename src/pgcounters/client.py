@@ -142,30 +142,55 @@ class Counters:
     def create_column_counter(
         self,
         name: str,
-        table: str,
+        table: str | tuple[str, str],
         column: str,
         key_column: str = "id",
         mode: Mode = "queued",
     ) -> Counter:
         """Declare a counter kept in ``table.column``, one value per ``key_column`` (S2).
 
-        ``table`` may be schema-qualified (``"blog.article"``). The column must
-        be an integer type; the key type is read from the catalog.
+        ``table`` is an SQL name, as PostgreSQL reads it, optionally
+        schema-qualified (``"blog.article"``; a name that needs quoting is
+        written quoted: ``'"My Table"'``), or a ``(schema, table)`` tuple of
+        exact names, quoted by the driver. The column must be an integer
+        type; the key type is read from the catalog.
         """
         check_name(name)
         self._check_mode(mode)
+        for what, value in (("column", column), ("key column", key_column)):
+            if not isinstance(value, str) or not value:
+                raise InvalidCounterDefinition(f"the {what} must be a non-empty string")
+        if isinstance(table, tuple):
+            parts = [p for p in table if isinstance(p, str) and p]
+            if len(parts) != 2 or len(table) != 2:
+                raise InvalidCounterDefinition(
+                    f"a table is a name or a (schema, table) tuple, got {table!r}"
+                )
+            table_name = sql.Identifier(*parts).as_string(None)
+        elif isinstance(table, str) and table:
+            table_name = table
+        else:
+            raise InvalidCounterDefinition(f"a table must be a non-empty name, got {table!r}")
         self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                query("create_column_counter"),
-                {
-                    "name": name,
-                    "table": table,
-                    "column": column,
-                    "key_column": key_column,
-                    "mode": mode,
-                },
-            )
+        try:
+            with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(
+                    query("create_column_counter"),
+                    {
+                        "name": name,
+                        "table": table_name,
+                        "column": column,
+                        "key_column": key_column,
+                        "mode": mode,
+                    },
+                )
+        except (psycopg.ProgrammingError, psycopg.NotSupportedError, psycopg.DataError) as exc:
+            # the table name did not parse or name a table (regclass input)
+            message = exc.diag.message_primary or str(exc)
+            raise InvalidCounterDefinition(
+                f"counter {name}: table {table!r}: {message} (write a name that needs quoting "
+                "quoted, or pass a (schema, table) tuple)"
+            ) from exc
         self._cache.pop(name, None)
         return self.counter(name)
 
@@ -395,6 +420,10 @@ class Counters:
                     self.conn.transaction(),
                     self.conn.cursor(row_factory=tuple_row) as cur,
                 ):
+                    # a batch is Read Committed whatever the connection's level: at
+                    # Repeatable Read a drainer fails on every parent row a writer
+                    # updated since its snapshot, and may fail again on each retry
+                    cur.execute(query("drain_read_committed"))
                     cur.execute(query("drain_batch"), {"limit": batch_size, "unlogged": unlogged})
                     row = cur.fetchone()
                 assert row is not None

@@ -137,3 +137,8 @@ class WorkerError(PgCountersError):
 
 class PermissionDenied(PgCountersError):
     """This database role may not do that: see `pgcounters grant` and docs/security.md."""
+
+
+class InvalidText(PgCountersError):
+    """PostgreSQL text cannot hold this string: it contains a NUL character or an unpaired
+    surrogate."""

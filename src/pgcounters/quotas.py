@@ -32,6 +32,7 @@ from pgcounters.errors import (
     InvalidQuotaDefinition,
     InvalidQuotaLimit,
     InvalidSubject,
+    InvalidText,
     UnknownQuota,
 )
 from pgcounters.keys import BIGINT_MAX, NAME_RE
@@ -217,7 +218,17 @@ def check_subject(subject: object) -> str:
         )
     if "\x00" in subject:
         raise InvalidSubject("a quota subject cannot contain NUL characters")
+    if not _utf8(subject):
+        raise InvalidSubject("a quota subject cannot contain unpaired surrogates (not UTF-8)")
     return subject
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_cost(cost: object) -> int:
@@ -478,6 +489,8 @@ class Quotas:
             if mapped is None:
                 raise
             raise mapped from exc
+        except UnicodeEncodeError as exc:
+            raise InvalidText(f"{InvalidText.__doc__} ({exc})") from exc
         assert row is not None
         return CallResult(
             allowed=row[0],

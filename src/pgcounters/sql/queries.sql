@@ -252,3 +252,6 @@ SELECT pgcounters.grant_worker(%(role)s);
 
 -- name: revoke_role
 SELECT pgcounters.revoke_role(%(role)s);
+
+-- name: drain_read_committed
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
