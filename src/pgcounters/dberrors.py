@@ -68,6 +68,10 @@ def translate(exc: psycopg.Error) -> errors.PgCountersError | None:
     if exc.sqlstate is None and isinstance(exc, psycopg.DataError) and "NUL" in str(exc):
         # raised by the driver before sending: text parameters cannot hold NUL
         return errors.InvalidText(f"{errors.InvalidText.__doc__} ({exc})")
+    if isinstance(exc, pg.QueryCanceled):
+        return errors.StatementTimeout(f"{message}: nothing was written; roll back and retry")
+    if isinstance(exc, pg.LockNotAvailable):
+        return errors.LockTimeout(f"{message}: nothing was written; roll back and retry")
     if isinstance(exc, pg.InsufficientPrivilege):
         return errors.PermissionDenied(
             f"{message}: this database role lacks the right (see `pgcounters grant` "

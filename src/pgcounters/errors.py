@@ -7,6 +7,8 @@ keep the driver's exception as ``__cause__``.
 
 from __future__ import annotations
 
+from psycopg import errors as _pg
+
 
 class PgCountersError(Exception):
     """pgcounters failed."""
@@ -135,10 +137,25 @@ class WorkerError(PgCountersError):
     """The worker stopped on an error it cannot recover from."""
 
 
-class PermissionDenied(PgCountersError):
+# Errors of PostgreSQL that pgcounters explains but whose SQLSTATE callers may
+# rely on: they subclass both PgCountersError and psycopg's own class, so
+# `except psycopg.errors.QueryCanceled` (or a check of `.sqlstate`) still works.
+
+
+class PermissionDenied(PgCountersError, _pg.InsufficientPrivilege):
     """This database role may not do that: see `pgcounters grant` and docs/security.md."""
 
 
 class InvalidText(PgCountersError):
     """PostgreSQL text cannot hold this string: it contains a NUL character or an unpaired
     surrogate."""
+
+
+class StatementTimeout(PgCountersError, _pg.QueryCanceled):
+    """The statement was cancelled (statement_timeout or a cancel request): nothing of it was
+    written, its transaction is aborted; roll back and retry."""
+
+
+class LockTimeout(PgCountersError, _pg.LockNotAvailable):
+    """A lock was not granted within lock_timeout: nothing of the statement was written, its
+    transaction is aborted; roll back and retry."""
