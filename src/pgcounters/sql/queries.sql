@@ -255,3 +255,7 @@ SELECT pgcounters.revoke_role(%(role)s);
 
 -- name: drain_read_committed
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+-- name: counters_writable
+SELECT has_table_privilege('pgcounters.counters', 'INSERT')
+   AND has_table_privilege('pgcounters.counters', 'UPDATE');
