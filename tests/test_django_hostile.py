@@ -29,6 +29,7 @@ def test_names_that_need_quoting_are_counted() -> None:
     class Parent(models.Model):
         hits = CountField("children", filter=Q(kind=HOSTILE_KIND), db_column="Hïts n; --")
         points = SumField("children", "score", db_column="sum\\mé")
+        objects: models.Manager[Parent] = models.Manager()
 
         class Meta:
             app_label = "blog"
@@ -41,6 +42,7 @@ def test_names_that_need_quoting_are_counted() -> None:
         )
         kind = models.TextField(db_column="ki;nd")
         score = models.IntegerField(db_column="Score", null=True)
+        objects: models.Manager[Child] = models.Manager()
 
         class Meta:
             app_label = "blog"
