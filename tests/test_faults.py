@@ -27,8 +27,9 @@ import pytest
 
 import blog_schema
 from pgcounters import Counters, triggers
+from pgcounters.batching import BatchingCounters
 from pgcounters.embedded import EmbeddedPostgres
-from pgcounters.errors import LockTimeout, PgCountersError, StatementTimeout
+from pgcounters.errors import BufferFlushFailed, LockTimeout, PgCountersError, StatementTimeout
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
 from pgcounters.schema import install
@@ -67,20 +68,27 @@ def _crash_under_load(server: EmbeddedPostgres) -> None:
         blog_schema.create(conn, users=1, articles=1)
         triggers.install(conn, [spec])
         fast_id = pc.counter("fast").id
+        pc.create_counter("batched", int)
+        Quotas(conn).define_quota("api", 10**9)
 
-    acked = {"logged": [0] * WRITERS, "fast": [0] * WRITERS, "rows": [0] * WRITERS}
-    doubt = {"logged": [0] * WRITERS, "fast": [0] * WRITERS, "rows": [0] * WRITERS}
+    kinds = ("logged", "fast", "rows", "calls")
+    acked = {k: [0] * WRITERS for k in kinds}
+    doubt = {k: [0] * WRITERS for k in kinds}
     drained_stored = [0]  # the committed stored value of "fast" seen by the drainer
-    started = threading.Barrier(WRITERS + 2)
+    batched = {"made": 0, "acked": 0}
+    batching = BatchingCounters(dsn, interval=None, flush_at_exit=False)
+    started = threading.Barrier(WRITERS + 3)
 
     def writer(i: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as c:
             wc = Counters(c)
+            quotas = Quotas(c)
             started.wait()
             steps: list[tuple[str, Callable[[], object]]] = [
                 ("logged", lambda: wc.incr("logged", i)),
                 ("fast", lambda: wc.incr("fast", i)),
                 ("rows", lambda: c.execute("INSERT INTO blog_comment (article_id) VALUES (1)")),
+                ("calls", lambda: quotas.register_call("api", f"s{i}")),
             ]
             while True:
                 for what, step in steps:
@@ -108,8 +116,22 @@ def _crash_under_load(server: EmbeddedPostgres) -> None:
             except psycopg.OperationalError:
                 return
 
+    def batch_writer() -> None:
+        # the batching incrementer: a batch is acknowledged when flush() returns
+        started.wait()
+        while True:
+            for k in range(5):
+                batching.incr("batched", k % 3)
+                batched["made"] += 1
+            try:
+                batching.flush()
+            except BufferFlushFailed:
+                return  # kept in the buffer, in doubt: flushed again after the restart
+            batched["acked"] = batched["made"]
+
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
     threads.append(threading.Thread(target=drainer))
+    threads.append(threading.Thread(target=batch_writer))
     for t in threads:
         t.start()
     started.wait()
@@ -135,6 +157,21 @@ def _crash_under_load(server: EmbeddedPostgres) -> None:
         rows = conn.execute("SELECT count(*) FROM blog_comment").fetchone()
         assert rows is not None
         assert sum(acked["rows"]) <= rows[0] <= sum(acked["rows"]) + sum(doubt["rows"])
+        quotas = Quotas(conn)
+        for i in range(WRITERS):
+            used = quotas.status("api", f"s{i}").used
+            assert acked["calls"][i] <= used <= acked["calls"][i] + doubt["calls"][i]
+        # the batch in doubt is looked up by its flush id: written once, never twice
+        batched_before = sum(pc.get("batched", k) for k in range(3))
+        assert batched["acked"] <= batched_before <= batched["made"]
+        for _ in range(50):
+            try:
+                batching.flush()
+                break
+            except BufferFlushFailed:
+                time.sleep(0.1)
+        batching.close()
+        assert sum(pc.get("batched", k) for k in range(3)) == batched["made"]
         before = verify(conn, spec).mismatches
         recount(conn, spec)
         assert verify(conn, spec).mismatches == []
@@ -149,6 +186,11 @@ def _crash_under_load(server: EmbeddedPostgres) -> None:
         unlogged_lost=max(0, fast_acked - fast_found),
         unlogged_pending_bound=fast_acked - drained_stored[0],
         declared_rows=int(rows[0]),
+        quota_calls_acked=sum(acked["calls"]),
+        quota_calls_in_doubt=sum(doubt["calls"]),
+        batched_increments=batched["made"],
+        batched_acked_before_crash=batched["acked"],
+        batched_found_before_reflush=batched_before,
         declared_off_by_before_recount=sum(abs(m.expected - m.actual) for m in before),
     )
 
