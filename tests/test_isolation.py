@@ -50,9 +50,10 @@ def _run_retrying(
     raise AssertionError("a transaction never committed")
 
 
+@pytest.mark.parametrize("trigger_mode", ["queued", "direct"])
 @pytest.mark.parametrize("level", LEVELS, ids=lambda lv: lv.name.lower())
 def test_concurrent_transactions_count_exactly(
-    dsn: str, conn: psycopg.Connection[Any], level: psycopg.IsolationLevel
+    dsn: str, conn: psycopg.Connection[Any], level: psycopg.IsolationLevel, trigger_mode: Any
 ) -> None:
     pc = Counters(conn)
     pc.create_counter("q", int)
@@ -61,7 +62,7 @@ def test_concurrent_transactions_count_exactly(
     blog_schema.create(conn, users=2, articles=2)
     conn.execute("ALTER TABLE blog_article ADD COLUMN edits bigint NOT NULL DEFAULT 0")
     pc.create_column_counter("article.score", "blog_article", "edits", mode="direct")
-    specs = blog_schema.specs("queued")
+    specs = blog_schema.specs(trigger_mode)
     triggers.install(conn, specs)
     Quotas(conn).define_quota("api", LIMIT)
 
