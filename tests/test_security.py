@@ -16,6 +16,7 @@ from pgcounters.cli import run
 from pgcounters.errors import ConfigurationError, PermissionDenied
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
+from pgcounters.status import get_status
 from roles import login_role
 
 DAY = dt.datetime(2026, 11, 21, 12, tzinfo=dt.UTC)
@@ -312,3 +313,13 @@ def _state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
             "SELECT name, default_limit FROM pgcounters.quotas ORDER BY 1",
         )
     )
+
+
+def test_status_works_for_the_app_and_the_worker(
+    app: psycopg.Connection[Any], worker: psycopg.Connection[Any]
+) -> None:
+    Counters(app).incr("q", 1, 3)
+    for c in (app, worker):
+        status = get_status(c)
+        assert status.schema_current
+        assert status.depth >= 1
