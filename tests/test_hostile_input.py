@@ -23,7 +23,7 @@ from pgcounters.cli import run
 from pgcounters.errors import PgCountersError
 from pgcounters.keys import NAME_RE
 from pgcounters.quotas import Quotas
-from pgcounters.recount import verify
+from pgcounters.recount import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 
 FUZZ = settings(
@@ -311,3 +311,42 @@ def test_cli_quota_call(dsn: str, subject: str, quota: str) -> None:
         assert usage == 2
         return
     assert code in (1, 4)  # an unknown quota (1) or a refused call (4): never a traceback
+
+
+@FUZZ
+@given(
+    n=st.one_of(
+        st.integers(min_value=-(2**80), max_value=2**80),
+        st.floats(allow_nan=True),
+        st.text(max_size=5),
+        st.none(),
+        st.booleans(),
+    )
+)
+def test_top_and_drain_sizes(conn: psycopg.Connection[Any], n: Any) -> None:
+    pc = Counters(conn)
+    pc.drop_counter("t")
+    pc.create_counter("t", int)
+    pc.incr("t", 1, 2)
+    pc.drain()
+    pc.incr("t", 1, 3)  # pending
+    with refused_leaves_nothing(conn) as refused:
+        ranked = pc.top("t", n)
+    if not refused[0]:
+        assert ranked == ([] if n == 0 else [((1,), 2)])
+    with refused_leaves_nothing(conn) as refused:
+        pc.drain_batch(n)
+    if not refused[0]:
+        assert pc.pending() == (0, 0)
+        assert pc.get("t", 1, exact=False) == 5
+    quotas = Quotas(conn)
+    quotas.define_quota("api", 5)
+    quotas.register_call("api", "s")
+    with refused_leaves_nothing(conn) as refused:
+        windows = quotas.report("api", limit=n)
+    if not refused[0]:
+        assert len(windows) == (0 if n == 0 else 1)
+    valid_batch = isinstance(n, int) and not isinstance(n, bool) and 0 < n < 2**31
+    if not valid_batch:
+        with pytest.raises(PgCountersError, match="batch size"):
+            recount(conn, "no.such.counter", batch_size=n)

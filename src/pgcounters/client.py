@@ -24,6 +24,7 @@ from pgcounters import schema
 from pgcounters.dberrors import translated
 from pgcounters.errors import DrainError, InvalidCounterDefinition, UnknownCounter
 from pgcounters.keys import (
+    BIGINT_MAX,
     Key,
     KeyType,
     check_delta,
@@ -40,6 +41,7 @@ Increment: TypeAlias = tuple[str, object, int]
 """One item of :meth:`Counters.incr_many`: ``(counter name, key, delta)``."""
 
 _MAX_ROWS_PER_STATEMENT = 5000
+INT_MAX = 2**31 - 1  # a drain batch size is an integer parameter of drain_batch()
 _DRAIN_RETRIES = 5
 
 
@@ -399,8 +401,10 @@ class Counters:
         included, so drain often when ranking matters.
         """
         counter = self.counter(name)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InvalidCounterDefinition(f"n must be a non-negative int, got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= BIGINT_MAX:
+            raise InvalidCounterDefinition(
+                f"n must be a non-negative int within the bigint range, got {n!r}"
+            )
         with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
             if counter.is_column:
                 cur.execute(counter.composed("top_column"), {"n": n})
@@ -429,8 +433,14 @@ class Counters:
         PostgreSQL aborts it for a deadlock or a serialization failure (the
         deltas stay queued until a batch commits, so nothing is applied twice).
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise DrainError(f"batch size must be a positive int, got {batch_size!r}")
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, int)
+            or not 1 <= batch_size <= INT_MAX
+        ):
+            raise DrainError(
+                f"batch size must be a positive int of at most {INT_MAX}, got {batch_size!r}"
+            )
         if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise DrainError("drain must run outside a transaction: each batch commits on its own")
         self._ensure_schema()

@@ -258,8 +258,10 @@ def _check_instant(value: object, what: str) -> dt.datetime | None:
 
 
 def _check_count(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidQuotaArgument(f"{what} must be a non-negative int, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= BIGINT_MAX:
+        raise InvalidQuotaArgument(
+            f"{what} must be a non-negative int within the bigint range, got {value!r}"
+        )
     return value
 
 
