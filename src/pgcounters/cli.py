@@ -368,6 +368,7 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     _add_quota_commands(sub)
     _add_operations(add)
     _add_repair(add)
+    _add_security(add)
     return parser
 
 
@@ -1007,3 +1008,43 @@ def _add_repair(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> 
                        help="start over, ignoring an interrupted recount")  # fmt: skip
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (none either when stderr is not a terminal)")  # fmt: skip
+
+
+# -- least privilege ----------------------------------------------------------
+
+
+def _cmd_grant(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters import security
+
+    if not (args.app or args.worker or args.revoke):
+        raise ConfigurationError(
+            "name at least one role: --app ROLE, --worker ROLE or --revoke ROLE"
+        )
+    with connect(dsn) as conn:
+        done: list[str] = []
+        for role in args.revoke or []:
+            done += security.revoke(conn, role)
+        for role in args.app or []:
+            done += security.grant_app(conn, role)
+        for role in args.worker or []:
+            done += security.grant_worker(conn, role)
+    if not args.quiet:
+        for statement in done:
+            print(statement + ";")
+    return EXIT_OK
+
+
+def _add_security(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> None:
+    p = add(
+        "grant",
+        _cmd_grant,
+        "grant an application or worker role its rights on pgcounters (roles must exist)",
+    )
+    p.add_argument("--app", action="append", metavar="ROLE", help="enqueue, quota calls, reads")
+    p.add_argument(
+        "--worker", action="append", metavar="ROLE", help="drain, recount, purge (and app rights)"
+    )
+    p.add_argument(
+        "--revoke", action="append", metavar="ROLE", help="take back rights on pgcounters objects"
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="do not print the statements")

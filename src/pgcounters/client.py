@@ -24,6 +24,7 @@ from pgcounters import schema
 from pgcounters.dberrors import translated
 from pgcounters.errors import DrainError, InvalidCounterDefinition, UnknownCounter
 from pgcounters.keys import (
+    BIGINT_MAX,
     Key,
     KeyType,
     check_delta,
@@ -40,6 +41,7 @@ Increment: TypeAlias = tuple[str, object, int]
 """One item of :meth:`Counters.incr_many`: ``(counter name, key, delta)``."""
 
 _MAX_ROWS_PER_STATEMENT = 5000
+INT_MAX = 2**31 - 1  # a drain batch size is an integer parameter of drain_batch()
 _DRAIN_RETRIES = 5
 
 
@@ -114,6 +116,7 @@ class Counters:
         self.conn = conn
         self._cache: dict[str, Counter] = {}
         self._schema_checked = not check_schema
+        self._direct_writes: bool | None = None
 
     # -- declarations -------------------------------------------------------
 
@@ -142,30 +145,55 @@ class Counters:
     def create_column_counter(
         self,
         name: str,
-        table: str,
+        table: str | tuple[str, str],
         column: str,
         key_column: str = "id",
         mode: Mode = "queued",
     ) -> Counter:
         """Declare a counter kept in ``table.column``, one value per ``key_column`` (S2).
 
-        ``table`` may be schema-qualified (``"blog.article"``). The column must
-        be an integer type; the key type is read from the catalog.
+        ``table`` is an SQL name, as PostgreSQL reads it, optionally
+        schema-qualified (``"blog.article"``; a name that needs quoting is
+        written quoted: ``'"My Table"'``), or a ``(schema, table)`` tuple of
+        exact names, quoted by the driver. The column must be an integer
+        type; the key type is read from the catalog.
         """
         check_name(name)
         self._check_mode(mode)
+        for what, value in (("column", column), ("key column", key_column)):
+            if not isinstance(value, str) or not value:
+                raise InvalidCounterDefinition(f"the {what} must be a non-empty string")
+        if isinstance(table, tuple):
+            parts = [p for p in table if isinstance(p, str) and p]
+            if len(parts) != 2 or len(table) != 2:
+                raise InvalidCounterDefinition(
+                    f"a table is a name or a (schema, table) tuple, got {table!r}"
+                )
+            table_name = sql.Identifier(*parts).as_string(None)
+        elif isinstance(table, str) and table:
+            table_name = table
+        else:
+            raise InvalidCounterDefinition(f"a table must be a non-empty name, got {table!r}")
         self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                query("create_column_counter"),
-                {
-                    "name": name,
-                    "table": table,
-                    "column": column,
-                    "key_column": key_column,
-                    "mode": mode,
-                },
-            )
+        try:
+            with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(
+                    query("create_column_counter"),
+                    {
+                        "name": name,
+                        "table": table_name,
+                        "column": column,
+                        "key_column": key_column,
+                        "mode": mode,
+                    },
+                )
+        except (psycopg.ProgrammingError, psycopg.NotSupportedError, psycopg.DataError) as exc:
+            # the table name did not parse or name a table (regclass input)
+            message = exc.diag.message_primary or str(exc)
+            raise InvalidCounterDefinition(
+                f"counter {name}: table {table!r}: {message} (write a name that needs quoting "
+                "quoted, or pass a (schema, table) tuple)"
+            ) from exc
         self._cache.pop(name, None)
         return self.counter(name)
 
@@ -228,8 +256,14 @@ class Counters:
         with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
             if counter.is_column:
                 cur.execute(counter.composed("direct_column"), (delta, encoded[0]))
-            else:
+            elif self._writes_counters():
                 cur.execute(query("direct_named"), (counter.id, encoded, delta))
+            else:
+                # through a SECURITY DEFINER function: a least-privilege role needs
+                # no write right on pgcounters.counters (migration 0006)
+                cur.execute(
+                    query("direct_named_add"), ([counter.id], [array_literal(encoded)], [delta])
+                )
             row = cur.fetchone()
         return None if row is None else int(row[0])
 
@@ -276,6 +310,16 @@ class Counters:
                     for counter, encoded, total in rows:
                         cur.execute(counter.composed("direct_column"), (total, encoded[0]))
                     continue
+                if kind == "direct" and not self._writes_counters():
+                    cur.execute(
+                        query("direct_named_add"),
+                        (
+                            [c.id for c, _, _ in rows],
+                            [array_literal(e) for _, e, _ in rows],
+                            [total for _, _, total in rows],
+                        ),
+                    )
+                    continue
                 table = {
                     "queued": "queue",
                     "unlogged": "queue_unlogged",
@@ -285,6 +329,20 @@ class Counters:
                     chunk = rows[start : start + _MAX_ROWS_PER_STATEMENT]
                     cur.execute(_multi_insert(table, len(chunk)), _flatten(chunk))
         return sum(len(rows) for rows in by_kind.values())
+
+    def _writes_counters(self) -> bool:
+        """True when this connection's role may write ``pgcounters.counters`` itself.
+
+        Direct named counters are then upserted with one plain statement (the
+        fastest path); a least-privilege application role goes through the
+        SECURITY DEFINER function ``add_direct`` instead. Asked once per client.
+        """
+        if self._direct_writes is None:
+            with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(query("counters_writable"))
+                row = cur.fetchone()
+            self._direct_writes = bool(row and row[0])
+        return self._direct_writes
 
     def _atomic(self) -> AbstractContextManager[object]:
         """All-or-nothing for several statements, without committing the caller's work.
@@ -345,8 +403,10 @@ class Counters:
         included, so drain often when ranking matters.
         """
         counter = self.counter(name)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InvalidCounterDefinition(f"n must be a non-negative int, got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= BIGINT_MAX:
+            raise InvalidCounterDefinition(
+                f"n must be a non-negative int within the bigint range, got {n!r}"
+            )
         with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
             if counter.is_column:
                 cur.execute(counter.composed("top_column"), {"n": n})
@@ -375,8 +435,14 @@ class Counters:
         PostgreSQL aborts it for a deadlock or a serialization failure (the
         deltas stay queued until a batch commits, so nothing is applied twice).
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise DrainError(f"batch size must be a positive int, got {batch_size!r}")
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, int)
+            or not 1 <= batch_size <= INT_MAX
+        ):
+            raise DrainError(
+                f"batch size must be a positive int of at most {INT_MAX}, got {batch_size!r}"
+            )
         if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise DrainError("drain must run outside a transaction: each batch commits on its own")
         self._ensure_schema()
@@ -387,6 +453,10 @@ class Counters:
                     self.conn.transaction(),
                     self.conn.cursor(row_factory=tuple_row) as cur,
                 ):
+                    # a batch is Read Committed whatever the connection's level: at
+                    # Repeatable Read a drainer fails on every parent row a writer
+                    # updated since its snapshot, and may fail again on each retry
+                    cur.execute(query("drain_read_committed"))
                     cur.execute(query("drain_batch"), {"limit": batch_size, "unlogged": unlogged})
                     row = cur.fetchone()
                 assert row is not None

@@ -244,10 +244,12 @@ def _apply(spec: CounterSpec, event: Event) -> tuple[list[tuple[str, str]], sql.
             "    SELECT _pgc_target, n.key, n.delta FROM ({}) AS n;\n"
         ).format(sql.Identifier("pgcounters", queue), _net(spec, event, typed=False))
     if not isinstance(spec.target, ColumnTarget):
+        # through a SECURITY DEFINER function (migration 0006): the writer of the
+        # source table needs no write right on pgcounters.counters
         return [], sql.SQL(
-            "INSERT INTO pgcounters.counters AS c (target_id, key, value)\n"
-            "    SELECT _pgc_target, n.key, n.delta FROM ({}) AS n ORDER BY n.key\n"
-            "    ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value;\n"
+            "PERFORM pgcounters.add_direct(array_agg(_pgc_target), array_agg(n.key::text),\n"
+            "                                  array_agg(n.delta))\n"
+            "      FROM ({}) AS n;\n"
         ).format(_net(spec, event, typed=False))
     t = spec.target
     parent = t.table.identifier()

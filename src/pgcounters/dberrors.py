@@ -65,6 +65,18 @@ def translate(exc: psycopg.Error) -> errors.PgCountersError | None:
         return errors.SchemaNotInstalled()
     if isinstance(exc, pg.UndefinedTable):
         return errors.InvalidCounterDefinition(message)
+    if exc.sqlstate is None and isinstance(exc, psycopg.DataError) and "NUL" in str(exc):
+        # raised by the driver before sending: text parameters cannot hold NUL
+        return errors.InvalidText(f"{errors.InvalidText.__doc__} ({exc})")
+    if isinstance(exc, pg.QueryCanceled):
+        return errors.StatementTimeout(f"{message}: nothing was written; roll back and retry")
+    if isinstance(exc, pg.LockNotAvailable):
+        return errors.LockTimeout(f"{message}: nothing was written; roll back and retry")
+    if isinstance(exc, pg.InsufficientPrivilege):
+        return errors.PermissionDenied(
+            f"{message}: this database role lacks the right (see `pgcounters grant` "
+            "and docs/security.md)"
+        )
     return None
 
 
@@ -78,3 +90,6 @@ def translated() -> Iterator[None]:
         if mapped is None:
             raise
         raise mapped from exc
+    except UnicodeEncodeError as exc:
+        # a parameter that UTF-8 cannot encode (an unpaired surrogate)
+        raise errors.InvalidText(f"{errors.InvalidText.__doc__} ({exc})") from exc

@@ -7,6 +7,8 @@ keep the driver's exception as ``__cause__``.
 
 from __future__ import annotations
 
+from psycopg import errors as _pg
+
 
 class PgCountersError(Exception):
     """pgcounters failed."""
@@ -138,3 +140,27 @@ class WorkerError(PgCountersError):
 class CounterDeliveredElsewhere(InvalidCounterDefinition):
     """The counter is already kept by triggers delivered another way (for example by Django
     migrations); installing it again would count every row twice."""
+
+
+# Errors of PostgreSQL that pgcounters explains but whose SQLSTATE callers may
+# rely on: they subclass both PgCountersError and psycopg's own class, so
+# `except psycopg.errors.QueryCanceled` (or a check of `.sqlstate`) still works.
+
+
+class PermissionDenied(PgCountersError, _pg.InsufficientPrivilege):
+    """This database role may not do that: see `pgcounters grant` and docs/security.md."""
+
+
+class InvalidText(PgCountersError):
+    """PostgreSQL text cannot hold this string: it contains a NUL character or an unpaired
+    surrogate."""
+
+
+class StatementTimeout(PgCountersError, _pg.QueryCanceled):
+    """The statement was cancelled (statement_timeout or a cancel request): nothing of it was
+    written, its transaction is aborted; roll back and retry."""
+
+
+class LockTimeout(PgCountersError, _pg.LockNotAvailable):
+    """A lock was not granted within lock_timeout: nothing of the statement was written, its
+    transaction is aborted; roll back and retry."""

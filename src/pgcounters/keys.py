@@ -93,6 +93,12 @@ def _encode_part(part: object, key_type: KeyType, counter: str) -> str:
         raise wrong()
     if "\x00" in part:
         raise InvalidKey(f"counter {counter!r}: a text key cannot contain NUL bytes")
+    try:
+        part.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidKey(
+            f"counter {counter!r}: a text key cannot contain unpaired surrogates (not UTF-8)"
+        ) from None
     if len(part) > MAX_TEXT_PART:
         raise InvalidKey(
             f"counter {counter!r}: a text key part has at most {MAX_TEXT_PART} characters"

@@ -32,6 +32,7 @@ from pgcounters.errors import (
     InvalidQuotaDefinition,
     InvalidQuotaLimit,
     InvalidSubject,
+    InvalidText,
     UnknownQuota,
 )
 from pgcounters.keys import BIGINT_MAX, NAME_RE
@@ -217,7 +218,17 @@ def check_subject(subject: object) -> str:
         )
     if "\x00" in subject:
         raise InvalidSubject("a quota subject cannot contain NUL characters")
+    if not _utf8(subject):
+        raise InvalidSubject("a quota subject cannot contain unpaired surrogates (not UTF-8)")
     return subject
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_cost(cost: object) -> int:
@@ -247,8 +258,10 @@ def _check_instant(value: object, what: str) -> dt.datetime | None:
 
 
 def _check_count(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidQuotaArgument(f"{what} must be a non-negative int, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= BIGINT_MAX:
+        raise InvalidQuotaArgument(
+            f"{what} must be a non-negative int within the bigint range, got {value!r}"
+        )
     return value
 
 
@@ -478,6 +491,8 @@ class Quotas:
             if mapped is None:
                 raise
             raise mapped from exc
+        except UnicodeEncodeError as exc:
+            raise InvalidText(f"{InvalidText.__doc__} ({exc})") from exc
         assert row is not None
         return CallResult(
             allowed=row[0],

@@ -232,8 +232,14 @@ def recount(
     meanwhile may add to it); ``progress`` with the number of keys done after
     each batch. The connection must not be in a transaction (each batch commits).
     """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidCounterDefinition(f"batch size must be a positive integer, got {batch_size}")
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or not 1 <= batch_size < 2**31
+    ):
+        raise InvalidCounterDefinition(
+            f"batch size must be a positive integer below 2**31, got {batch_size!r}"
+        )
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise psycopg.ProgrammingError("recount commits per batch: call it outside a transaction")
     with translated():

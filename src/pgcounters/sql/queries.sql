@@ -240,3 +240,22 @@ SELECT g.subject, g.at, g.cost, g.allowed, g.details::text
 
 -- name: quota_purge
 SELECT windows, log_rows FROM pgcounters.purge_quotas(%(before)s, %(quota)s);
+
+-- name: direct_named_add
+SELECT pgcounters.add_direct(%s::integer[], %s::text[], %s::bigint[]);
+
+-- name: grant_app
+SELECT pgcounters.grant_app(%(role)s);
+
+-- name: grant_worker
+SELECT pgcounters.grant_worker(%(role)s);
+
+-- name: revoke_role
+SELECT pgcounters.revoke_role(%(role)s);
+
+-- name: drain_read_committed
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+-- name: counters_writable
+SELECT has_table_privilege('pgcounters.counters', 'INSERT')
+   AND has_table_privilege('pgcounters.counters', 'UPDATE');

@@ -12,14 +12,16 @@ from pgcounters.contrib.django.db import psycopg_connection
 VIEWS = "blog.article.views"
 
 
+# check_schema=False: a migration runs against the schema version of its dependencies,
+# which is older than the package's once the package ships a newer schema migration
 def create(apps: Any, schema_editor: Any) -> None:
     with psycopg_connection(schema_editor.connection.alias) as conn:
-        Counters(conn).create_counter(VIEWS, key=int)
+        Counters(conn, check_schema=False).create_counter(VIEWS, key=int)
 
 
 def drop(apps: Any, schema_editor: Any) -> None:
     with psycopg_connection(schema_editor.connection.alias) as conn:
-        Counters(conn).drop_counter(VIEWS)
+        Counters(conn, check_schema=False).drop_counter(VIEWS)
 
 
 class Migration(migrations.Migration):

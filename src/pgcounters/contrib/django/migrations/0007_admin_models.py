@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     initial = False
 
     dependencies = [
-        ("pgcounters", "0005_schema"),
+        ("pgcounters", "0006_schema"),
     ]
 
     operations = [

@@ -1,0 +1,105 @@
+"""Django models, fields and columns whose names need quoting, counted by declared counters.
+
+Models are defined in an isolated app registry, so they never join the blog
+example's declared counters; their tables are created and dropped here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection, models
+from django.db.models import Q
+from django.test.utils import isolate_apps
+
+from pgcounters import Counters, triggers
+from pgcounters.contrib.django import CountField, SumField
+from pgcounters.contrib.django.db import psycopg_connection
+from pgcounters.errors import PgCountersError
+from pgcounters.recount import verify
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOSTILE_KIND = 'it\'s; \\ "ok" -- é'
+
+
+@isolate_apps("blog")
+def test_names_that_need_quoting_are_counted() -> None:
+    class Parent(models.Model):
+        hits = CountField("children", filter=Q(kind=HOSTILE_KIND), db_column="Hïts n; --")
+        points = SumField("children", "score", db_column="sum\\mé")
+        objects: models.Manager[Parent] = models.Manager()
+
+        class Meta:
+            app_label = "blog"
+            # no double quote: Django's quote_name does not double it (PostgreSQL would)
+            db_table = "Pärent table; DROP TABLE blog_article; --"
+
+    class Child(models.Model):
+        parent = models.ForeignKey(
+            Parent, related_name="children", on_delete=models.CASCADE, db_column="pärent id"
+        )
+        kind = models.TextField(db_column="ki;nd")
+        score = models.IntegerField(db_column="Score", null=True)
+        objects: models.Manager[Child] = models.Manager()
+
+        class Meta:
+            app_label = "blog"
+            # 63 bytes, PostgreSQL's limit (ASCII: Django sizes the names of the indexes it
+            # derives in characters, so a multi-byte name this long makes it collide)
+            db_table = "c" * 63
+
+    specs = [Parent._meta.get_field(f).spec() for f in ("hits", "points")]  # type: ignore[union-attr]
+    with connection.schema_editor() as editor:
+        editor.create_model(Parent)
+        editor.create_model(Child)
+    try:
+        with psycopg_connection() as conn:
+            triggers.install(conn, specs)
+        parents = [Parent.objects.create() for _ in range(3)]
+        Child.objects.bulk_create(
+            [
+                Child(parent=parents[i % 3], kind=HOSTILE_KIND if i % 2 else "other", score=i)
+                for i in range(20)
+            ]
+        )
+        Child.objects.filter(score__lt=5).update(kind=HOSTILE_KIND)
+        Child.objects.filter(score__gt=15).delete()
+        with psycopg_connection() as conn:
+            Counters(conn).drain()
+            for spec in specs:
+                assert verify(conn, spec).mismatches == [], spec.name
+        expected = Child.objects.filter(parent=parents[0], kind=HOSTILE_KIND).count()
+        assert expected > 0
+        assert Parent.objects.get(pk=parents[0].pk).hits == expected
+        total = sum(Child.objects.filter(parent=parents[1]).values_list("score", flat=True))
+        assert Parent.objects.get(pk=parents[1].pk).points == total
+    finally:
+        with psycopg_connection() as conn:
+            for spec in specs:
+                triggers.uninstall(conn, spec.name, drop_values=True)
+        with connection.schema_editor() as editor:
+            editor.delete_model(Child)
+            editor.delete_model(Parent)
+
+
+@isolate_apps("blog")
+def test_names_too_long_or_not_a_counter_name_are_clear_errors() -> None:
+    class Långbord(models.Model):  # a model name that is not a valid counter name
+        n = CountField("items")
+
+        class Meta:
+            app_label = "blog"
+            db_table = "é" * 32  # 64 bytes: over PostgreSQL's limit
+
+    class Item(models.Model):
+        owner = models.ForeignKey(Långbord, related_name="items", on_delete=models.CASCADE)
+
+        class Meta:
+            app_label = "blog"
+
+    field: Any = Långbord._meta.get_field("n")
+    with pytest.raises(PgCountersError) as caught:
+        field.spec()
+    assert str(caught.value)

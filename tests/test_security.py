@@ -1,0 +1,325 @@
+"""Least privilege (migration 0006): what an application role and a worker role may do."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors as pg
+
+import blog_schema
+from pgcounters import Counters, security, triggers
+from pgcounters.cli import run
+from pgcounters.errors import ConfigurationError, PermissionDenied
+from pgcounters.quotas import Quotas
+from pgcounters.recount import recount, verify
+from pgcounters.status import get_status
+from roles import login_role
+
+DAY = dt.datetime(2026, 11, 21, 12, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def setup(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """As the owner: counters of every mode, declared counters on a blog, a quota."""
+    pc = Counters(conn)
+    pc.create_counter("q", int)
+    pc.create_counter("u", int, mode="unlogged")
+    pc.create_counter("d", int, mode="direct")
+    blog_schema.create(conn)
+    conn.execute("ALTER TABLE blog_article ADD COLUMN edits bigint NOT NULL DEFAULT 0")
+    pc.create_column_counter("article.title_edits", "blog_article", "edits", mode="direct")
+    triggers.install(conn, blog_schema.specs("queued"))
+    quotas = Quotas(conn)
+    quotas.define_quota("api", 3)
+    quotas.set_limit("api", "gold", 5)
+    return conn
+
+
+@pytest.fixture
+def app(dsn: str, setup: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    with login_role(dsn, "pgc_app") as (role, role_dsn):
+        # the application owns nothing: its rights on its own tables are the user's to grant
+        setup.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON blog_comment, blog_article TO "{role}"'
+        )
+        setup.execute(f'GRANT USAGE ON SEQUENCE blog_comment_id_seq TO "{role}"')
+        granted = security.grant_app(setup, role)
+        assert any("INSERT ON pgcounters.queue" in g for g in granted)
+        with psycopg.connect(role_dsn, autocommit=True) as c:
+            assert c.execute("SELECT current_user").fetchone() == (role,)
+            yield c
+
+
+@pytest.fixture
+def worker(dsn: str, setup: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    with login_role(dsn, "pgc_worker") as (role, role_dsn):
+        security.grant_worker(setup, role)
+        with psycopg.connect(role_dsn, autocommit=True) as c:
+            yield c
+
+
+def test_app_role_increments_reads_and_calls_quotas(
+    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    pc = Counters(app)
+    pc.incr("q", 1, 2)
+    pc.incr("u", 1, 3)
+    assert pc.incr("d", 1, 4) == 4
+    assert pc.incr("d", 1, 1) == 5
+    assert pc.incr("article.title_edits", 1, 7) == 7  # direct column counter
+    assert pc.incr_many([("q", 1, 1), ("d", 2, 9), ("u", 2, 1)]) == 3
+    assert [pc.get("q", 1), pc.get("u", 1), pc.get("d", 1), pc.get("d", 2)] == [3, 3, 5, 9]
+    assert pc.get_many("q", [1, 2]) == [3, 0]
+    assert pc.get("article.title_edits", 1) == 7
+    assert app.execute("SELECT pgcounters.incr('q', '{1}', 10)").fetchone() == (None,)
+    assert app.execute("SELECT pgcounters.get('q', '{1}')").fetchone() == (13,)
+    assert pc.pending() == (3, 2)
+    assert pc.top("d", 1) == [((2,), 9)]
+
+    quotas = Quotas(app)
+    assert [quotas.register_call("api", "gold", at=DAY).allowed for _ in range(6)] == [
+        True,
+        True,
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert quotas.status("api", "gold", at=DAY).used == 5
+    # what the app wrote is what the owner reads
+    assert Counters(setup).get("q", 1) == 13
+
+
+def test_app_role_writes_tables_with_declared_counters(
+    app: psycopg.Connection[Any], worker: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    app.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
+        " SELECT 1 + g % 3, 1, CASE WHEN g % 2 = 0 THEN 'public' ELSE 'private' END, g"
+        " FROM generate_series(1, 40) g"
+    )
+    app.execute("UPDATE blog_comment SET publish_status = 'public' WHERE id % 5 = 0")
+    app.execute("DELETE FROM blog_comment WHERE id % 7 = 0")
+    # the app's exact reads include what its triggers queued
+    pc = Counters(app)
+    truth = app.execute(
+        "SELECT count(*) FROM blog_comment WHERE article_id = 1 AND publish_status = 'public'"
+    ).fetchone()
+    assert truth is not None
+    assert pc.get("blog.article.public_comments", 1) == truth[0]
+    Counters(worker).drain()
+    for spec in blog_schema.specs("queued"):
+        assert verify(setup, spec).mismatches == [], spec.name
+
+
+def test_direct_mode_triggers_run_with_app_rights(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    blog_schema.create(conn)
+    specs = blog_schema.specs("direct")
+    triggers.install(conn, specs)
+    with login_role(dsn, "pgc_app") as (role, role_dsn):
+        conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON blog_comment TO "{role}"')
+        conn.execute(f'GRANT USAGE ON SEQUENCE blog_comment_id_seq TO "{role}"')
+        security.grant_app(conn, role)
+        with psycopg.connect(role_dsn, autocommit=True) as app:
+            app.execute(
+                "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
+                " SELECT 1 + g % 4, 1 + g % 2, 'public', g FROM generate_series(1, 30) g"
+            )
+            app.execute("DELETE FROM blog_comment WHERE id % 4 = 0")
+            # still no right to write a stored value or a parent row outside the counter column
+            with pytest.raises(pg.InsufficientPrivilege):
+                app.execute("UPDATE pgcounters.counters SET value = 0")
+            with pytest.raises(pg.InsufficientPrivilege):
+                app.execute("UPDATE blog_article SET title = 'x'")
+    for spec in specs:
+        assert verify(conn, spec).mismatches == [], spec.name
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE pgcounters.counters SET value = value + 100",
+        "DELETE FROM pgcounters.counters",
+        "INSERT INTO pgcounters.counters (target_id, key, value) VALUES (1, '{1}', 1000)",
+        "UPDATE pgcounters.queue SET delta = 1000",
+        "DELETE FROM pgcounters.queue",
+        "DELETE FROM pgcounters.queue_unlogged",
+        "UPDATE pgcounters.quota_usage SET used = 0",
+        "DELETE FROM pgcounters.quota_usage",
+        "INSERT INTO pgcounters.quota_usage VALUES (1, 'x', now(), now(), 1, 0, 0, 0, true)",
+        "DELETE FROM pgcounters.quota_limits",
+        "UPDATE pgcounters.targets SET mode = 'direct'",
+        "TRUNCATE pgcounters.queue",
+        "SELECT pgcounters.drain_batch(10, false)",
+        "SELECT pgcounters.reset_target(1)",
+        "SELECT pgcounters.purge_quotas(now())",
+        "SELECT pgcounters.define_quota('other', 5)",
+        "SELECT pgcounters.set_limit('api', 'me', 1000000)",
+        "SELECT pgcounters.create_counter('mine')",
+        "SELECT pgcounters.drop_counter('q')",
+        "SELECT pgcounters.grant_worker(current_user)",
+        "SELECT setval('pgcounters.wakeup_clock', 1)",
+    ],
+)
+def test_app_role_cannot_change_stored_state(
+    app: psycopg.Connection[Any], setup: psycopg.Connection[Any], statement: str
+) -> None:
+    Counters(setup).incr("q", 1, 5)
+    Quotas(setup).register_call("api", "gold", at=DAY)
+    before = _state(setup)
+    with pytest.raises(pg.InsufficientPrivilege):
+        app.execute(statement)
+    assert _state(setup) == before
+
+
+def test_app_role_cannot_misuse_the_definer_functions(
+    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    before = _state(setup)
+    q = Counters(setup).counter("q")
+    # add_direct adds to named direct counters only, never to a queued one
+    with pytest.raises(psycopg.Error) as caught:
+        app.execute("SELECT pgcounters.add_direct(ARRAY[%s], ARRAY['{1}'], ARRAY[100])", (q.id,))
+    assert caught.value.sqlstate == "PC003"
+    assert _state(setup) == before
+
+
+def test_app_role_gets_a_clear_error_from_the_client(app: psycopg.Connection[Any]) -> None:
+    pc = Counters(app)
+    pc.incr("q", 1)
+    with pytest.raises(PermissionDenied, match="pgcounters grant"):
+        pc.drain()
+    with pytest.raises(PermissionDenied):
+        recount(app, "blog.comments_total")
+    with pytest.raises(PermissionDenied):
+        Quotas(app).define_quota("other", 5)
+    assert pc.get("q", 1) == 1
+
+
+def test_worker_role_drains_and_recounts(
+    worker: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    setup.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
+        " SELECT 1 + g % 3, 1 + g % 2, 'public', g FROM generate_series(1, 25) g"
+    )
+    pc = Counters(worker)
+    pc.incr("q", 1, 4)
+    pc.incr("u", 1, 6)
+    result = pc.drain()
+    assert result.deltas > 0
+    assert pc.pending() == (0, 0)
+    assert pc.get("q", 1, exact=False) == 4
+    assert pc.get("u", 1, exact=False) == 6
+    # break stored values (as the owner), the worker recounts them back
+    setup.execute("UPDATE blog_article SET public_comments = 999")
+    setup.execute("UPDATE pgcounters.counters SET value = value + 7")
+    for spec in blog_schema.specs("queued"):
+        recount(worker, spec.name)
+        assert verify(setup, spec).mismatches == [], spec.name
+    assert Quotas(worker).purge(DAY - dt.timedelta(days=1)).windows == 0
+
+
+def test_every_definer_function_has_a_fixed_search_path(conn: psycopg.Connection[Any]) -> None:
+    rows = conn.execute(
+        "SELECT p.oid::regprocedure::text, p.proconfig FROM pg_proc p"
+        " WHERE p.pronamespace = 'pgcounters'::regnamespace AND p.prosecdef"
+    ).fetchall()
+    assert {r[0].split("(")[0] for r in rows} >= {
+        "pgcounters.incr",
+        "pgcounters.add_direct",
+        "pgcounters.register_call",
+        "pgcounters.record_flush",
+        "pgcounters._wake_drainers",
+    }
+    for name, config in rows:
+        assert config == ["search_path=pg_catalog, pgcounters, pg_temp"], name
+
+
+def test_public_may_execute_no_pgcounters_function(conn: psycopg.Connection[Any]) -> None:
+    rows = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        " WHERE p.pronamespace = 'pgcounters'::regnamespace"
+        "   AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')"
+        "   AND has_function_privilege('public', p.oid, 'EXECUTE')"
+    ).fetchall()
+    assert rows == []
+
+
+def test_a_role_without_grants_sees_nothing(dsn: str, setup: psycopg.Connection[Any]) -> None:
+    with (
+        login_role(dsn, "pgc_none") as (_, role_dsn),
+        psycopg.connect(role_dsn) as c,
+        pytest.raises(PermissionDenied),
+    ):
+        Counters(c).get("q", 1)
+
+
+def test_definer_functions_ignore_the_callers_search_path(
+    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    # a temporary table named like a catalog-free lookup, first in the path: ignored
+    app.execute("CREATE TEMP TABLE targets (id integer, name text)")
+    app.execute("SET search_path = pg_temp, public")
+    assert app.execute("SELECT pgcounters.incr('d', '{1}', 3)").fetchone() == (3,)
+    assert Counters(setup).get("d", 1) == 3
+
+
+def test_grant_refuses_unknown_and_bad_roles(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        security.grant_app(conn, 'no"such; role')
+    with pytest.raises(ConfigurationError):
+        security.grant_worker(conn, "x" * 64)
+    with pytest.raises(ConfigurationError):
+        security.grant_app(conn, "a\x00b")
+
+
+def test_grant_command(dsn: str, conn: psycopg.Connection[Any], capsys: Any) -> None:
+    with login_role(dsn, "pgc_cli") as (role, role_dsn):
+        assert run(["--dsn", dsn, "grant", "--app", role]) == 0
+        assert f"GRANT INSERT ON pgcounters.queue, pgcounters.queue_unlogged TO {role}" in (
+            capsys.readouterr().out
+        )
+        Counters(conn).create_counter("c")
+        with psycopg.connect(role_dsn, autocommit=True) as c:
+            Counters(c).incr("c")
+            with pytest.raises(PermissionDenied):
+                Counters(c).drain()
+        assert run(["--dsn", dsn, "grant", "--worker", role, "-q"]) == 0
+        assert capsys.readouterr().out == ""
+        with psycopg.connect(role_dsn, autocommit=True) as c:
+            assert Counters(c).drain().deltas == 1
+        assert run(["--dsn", dsn, "grant", "--revoke", role, "-q"]) == 0
+        with psycopg.connect(role_dsn, autocommit=True) as c, pytest.raises(PermissionDenied):
+            Counters(c).get("c")
+        assert run(["--dsn", dsn, "grant"]) == 1
+        assert "name at least one role" in capsys.readouterr().err
+
+
+def _state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+    return tuple(
+        conn.execute(statement).fetchall()
+        for statement in (
+            "SELECT * FROM pgcounters.counters ORDER BY 1, 2",
+            "SELECT target_id, key, delta FROM pgcounters.queue ORDER BY id",
+            "SELECT target_id, key, delta FROM pgcounters.queue_unlogged ORDER BY id",
+            "SELECT quota_id, subject, used, attempts FROM pgcounters.quota_usage ORDER BY 1, 2",
+            "SELECT quota_id, subject, calls FROM pgcounters.quota_limits ORDER BY 1, 2",
+            "SELECT id, name, mode FROM pgcounters.targets ORDER BY 1",
+            "SELECT name, default_limit FROM pgcounters.quotas ORDER BY 1",
+        )
+    )
+
+
+def test_status_works_for_the_app_and_the_worker(
+    app: psycopg.Connection[Any], worker: psycopg.Connection[Any]
+) -> None:
+    Counters(app).incr("q", 1, 3)
+    for c in (app, worker):
+        status = get_status(c)
+        assert status.schema_current
+        assert status.depth >= 1
