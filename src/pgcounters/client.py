@@ -257,7 +257,12 @@ class Counters:
             if counter.is_column:
                 cur.execute(counter.composed("direct_column"), (delta, encoded[0]))
             elif self._writes_counters():
-                cur.execute(query("direct_named"), (counter.id, encoded, delta))
+                # an UPDATE when the row exists (one statement, like the naive way);
+                # the first increment of a key creates it with the upsert
+                literal = array_literal(encoded)
+                cur.execute(query("direct_named_update"), (delta, counter.id, literal))
+                if cur.rowcount == 0:
+                    cur.execute(query("direct_named"), (counter.id, encoded, delta))
             else:
                 # through a SECURITY DEFINER function: a least-privilege role needs
                 # no write right on pgcounters.counters (migration 0006)

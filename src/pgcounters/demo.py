@@ -8,7 +8,13 @@ from pgcounters.config import connect
 from pgcounters.errors import PgCountersError
 from pgcounters.schema import install, installed_version
 
-SEED_VARIANTS = ("update", "pgcounters-queued", "pgcounters-unlogged", "pgcounters-batched")
+SEED_VARIANTS = (
+    "update",
+    "pgcounters-queued",
+    "pgcounters-unlogged",
+    "pgcounters-batched",
+    "pgcounters-batching",
+)
 TXN_VARIANTS = ("update", "pgcounters-queued")
 
 

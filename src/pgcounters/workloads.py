@@ -9,6 +9,10 @@ counters in random order, each increment its own transaction. Variants:
   on the counter name so that exact reads stay fast
 * ``pgcounters-queued`` / ``-unlogged`` / ``-batched`` / ``-direct``: the same
   through :class:`pgcounters.Counters`
+* ``pgcounters-batching``: the batching client (:class:`pgcounters.batching.BatchingCounters`),
+  one per run shared by the writer threads as in a web process; it writes on size and every
+  100 ms, and the timed run includes its final flush, so every increment is in the queue when
+  the clock stops
 
 The "in real transactions" workload makes each transaction increment 1-3
 counters in random order and then do ~20 ms of other work before committing,
@@ -31,6 +35,7 @@ import psycopg
 from psycopg import sql
 
 from pgcounters import sqlfiles
+from pgcounters.batching import BatchingCounters
 from pgcounters.client import Counters, Mode
 from pgcounters.config import connect
 from pgcounters.schema import install
@@ -146,6 +151,18 @@ def _pgc_batched(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[in
     pc.incr_many([("bench.queued", i, 1) for i in items])
 
 
+def _batching_op(batcher: BatchingCounters) -> Op:
+    def op(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+        for i in items:
+            batcher.incr("bench.queued", i)
+
+    return op
+
+
+def _pgc_batching(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    raise AssertionError("run_variant gives this variant its own operation")  # pragma: no cover
+
+
 VARIANTS: dict[str, tuple[Op, str]] = {
     # name: (operation, how totals are read)
     "update": (_update, "seed_counters"),
@@ -156,7 +173,9 @@ VARIANTS: dict[str, tuple[Op, str]] = {
     "pgcounters-unlogged": (_pgc("unlogged"), "bench.unlogged"),
     "pgcounters-batched": (_pgc_batched, "bench.queued"),
     "pgcounters-direct": (_pgc("direct"), "bench.direct"),
+    "pgcounters-batching": (_pgc_batching, "bench.queued"),
 }
+BATCHING = "pgcounters-batching"
 BATCHED = {"raw-batched", "pgcounters-batched"}
 
 
@@ -224,6 +243,10 @@ def run_variant(
 ) -> RunResult:
     """Run one variant: one thread and connection per writer; check every total."""
     op, source = VARIANTS[variant]
+    batcher: BatchingCounters | None = None
+    if variant == BATCHING:
+        batcher = BatchingCounters(dsn, interval=0.1, flush_at_exit=False)
+        op = _batching_op(batcher)
     with connect(dsn) as admin:
         admin_pc = Counters(admin)
         _reset(admin, admin_pc)
@@ -271,6 +294,8 @@ def run_variant(
     t0 = time.perf_counter()
     for t in threads:
         t.join()
+    if batcher is not None:
+        batcher.close()  # the last batch is written before the clock stops
     seconds = time.perf_counter() - t0
     if sampler:
         sampler.stop()

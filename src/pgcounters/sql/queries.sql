@@ -40,6 +40,12 @@ INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s::text[], %s)
 -- name: enqueue_unlogged
 INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (%s, %s::text[], %s);
 
+-- name: direct_named_update
+-- the common case of a direct counter: its row exists, one UPDATE (as the naive way)
+UPDATE pgcounters.counters SET value = value + %s
+ WHERE target_id = %s AND key = %s::text[]
+RETURNING value;
+
 -- name: direct_named
 INSERT INTO pgcounters.counters AS c (target_id, key, value)
 VALUES (%s, %s, %s)
