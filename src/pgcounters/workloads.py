@@ -7,6 +7,8 @@ counters in random order, each increment its own transaction. Variants:
 * ``raw-queue`` / ``raw-unlogged`` / ``raw-batched``: the seed's hand-written
   queue INSERTs (logged, UNLOGGED, 10 rows per INSERT), with the seed's index
   on the counter name so that exact reads stay fast
+* ``sql-queued`` / ``-unlogged`` / ``-batched`` / ``-direct``: the statements pgcounters
+  sends, on its own tables, written by hand (what each of its paths wraps)
 * ``pgcounters-queued`` / ``-unlogged`` / ``-batched`` / ``-direct``: the same
   through :class:`pgcounters.Counters`
 * ``pgcounters-batching``: the batching client (:class:`pgcounters.batching.BatchingCounters`),
@@ -137,6 +139,52 @@ def _raw_batched(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[in
     )
 
 
+# the statements pgcounters sends, written by hand: what each of its paths wraps
+_SQL_INSERT = {
+    mode: sql.SQL("INSERT INTO {} (target_id, key, delta) VALUES (%s, %s::text[], 1)").format(
+        sql.Identifier("pgcounters", table)
+    )
+    for mode, table in (("queued", "queue"), ("unlogged", "queue_unlogged"))
+}
+_SQL_UPDATE = (
+    "UPDATE pgcounters.counters SET value = value + 1 WHERE target_id = %s AND key = %s::text[]"
+)
+_SQL_UPSERT = (
+    "INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES (%s, %s::text[], 1)"
+    " ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value"
+)
+
+
+def _sql_insert(mode: Mode) -> Op:
+    name, stmt = f"bench.{mode}", _SQL_INSERT[mode]
+
+    def op(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+        target = pc.counter(name).id
+        for i in items:
+            conn.execute(stmt, (target, f"{{{i}}}"))
+
+    return op
+
+
+def _sql_batched(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    target = pc.counter("bench.queued").id
+    values = sql.SQL(", ").join([sql.SQL("(%s, %s::text[], 1)")] * len(items))
+    params: list[object] = []
+    for i in items:
+        params += [target, f"{{{i}}}"]
+    conn.execute(
+        sql.SQL("INSERT INTO pgcounters.queue (target_id, key, delta) VALUES {}").format(values),
+        params,
+    )
+
+
+def _sql_direct(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    target = pc.counter("bench.direct").id
+    for i in items:
+        if conn.execute(_SQL_UPDATE, (target, f"{{{i}}}")).rowcount == 0:
+            conn.execute(_SQL_UPSERT, (target, f"{{{i}}}"))
+
+
 def _pgc(mode: Mode) -> Op:
     name = f"bench.{mode}"
 
@@ -169,6 +217,10 @@ VARIANTS: dict[str, tuple[Op, str]] = {
     "raw-queue": (_raw_insert("seed_queue"), "seed_queue"),
     "raw-unlogged": (_raw_insert("seed_queue_unlogged"), "seed_queue_unlogged"),
     "raw-batched": (_raw_batched, "seed_queue"),
+    "sql-queued": (_sql_insert("queued"), "bench.queued"),
+    "sql-unlogged": (_sql_insert("unlogged"), "bench.unlogged"),
+    "sql-batched": (_sql_batched, "bench.queued"),
+    "sql-direct": (_sql_direct, "bench.direct"),
     "pgcounters-queued": (_pgc("queued"), "bench.queued"),
     "pgcounters-unlogged": (_pgc("unlogged"), "bench.unlogged"),
     "pgcounters-batched": (_pgc_batched, "bench.queued"),
@@ -176,7 +228,7 @@ VARIANTS: dict[str, tuple[Op, str]] = {
     "pgcounters-batching": (_pgc_batching, "bench.queued"),
 }
 BATCHING = "pgcounters-batching"
-BATCHED = {"raw-batched", "pgcounters-batched"}
+BATCHED = {"raw-batched", "sql-batched", "pgcounters-batched"}
 
 
 def _reset(conn: psycopg.Connection[Any], pc: Counters) -> None:
