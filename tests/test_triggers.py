@@ -612,3 +612,43 @@ def test_copy_is_counted(blog: psycopg.Connection[Any]) -> None:
     ):
         copy.write(data.read())
     assert Counters(blog).get_many("blog.article.public_comments", [1, 2, 3]) == [10, 10, 10]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_keys_equal_in_their_key_type_are_one_key(conn: psycopg.Connection[Any], mode: Any) -> None:
+    """A numeric 1.0 and 1.00 key one bigint counter; timestamps of one day key one date:
+    grouped and written as the key type's canonical text, as the client reads them."""
+    conn.execute(
+        "CREATE TABLE day (d date PRIMARY KEY, events bigint NOT NULL DEFAULT 0);"
+        "INSERT INTO day VALUES ('2026-11-21'), ('2026-11-22');"
+        "CREATE TABLE event (id serial PRIMARY KEY, at timestamp NOT NULL, amount numeric)"
+    )
+    per_day = CounterSpec(
+        name="events.per_day", source="event", keys=["at"],
+        target=ColumnTarget("day", "events", key_column="d", key_type="date"), mode=mode,
+    )  # fmt: skip
+    per_amount = CounterSpec(
+        name="events.per_amount", source="event", keys=["amount"],
+        target=NamedTarget(("bigint",)), mode=mode,
+    )  # fmt: skip
+    triggers.install(conn, [per_day, per_amount])
+    conn.execute(
+        "INSERT INTO event (at, amount) VALUES ('2026-11-21 09:00', 1.0),"
+        " ('2026-11-21 10:00', 1.00), ('2026-11-21 11:00', 2), ('2026-11-22 01:00', 1.000)"
+    )
+    conn.execute("INSERT INTO event (at, amount) VALUES ('2026-11-21 12:00', 1.0)")
+    pc = Counters(conn)
+    assert pc.get("events.per_amount", 1) == 4  # exact read, before the drain too
+    pc.drain()
+    days = dict(conn.execute("SELECT d::text, events FROM day").fetchall())
+    assert days == {"2026-11-21": 4, "2026-11-22": 1}
+    assert pc.get("events.per_amount", 1) == 4
+    assert pc.get("events.per_amount", 2) == 1
+    conn.execute("DELETE FROM event WHERE amount = 1")  # 1.0, 1.00 and 1.000 in one statement
+    pc.drain()
+    assert pc.get("events.per_amount", 1) == 0
+    assert dict(conn.execute("SELECT d::text, events FROM day").fetchall()) == {
+        "2026-11-21": 1,
+        "2026-11-22": 0,
+    }
+    assert_exact(conn, [per_day, per_amount])
