@@ -230,7 +230,6 @@ def test_every_definer_function_has_a_fixed_search_path(conn: psycopg.Connection
         " WHERE p.pronamespace = 'pgcounters'::regnamespace AND p.prosecdef"
     ).fetchall()
     assert {r[0].split("(")[0] for r in rows} >= {
-        "pgcounters.incr",
         "pgcounters.add_direct",
         "pgcounters.register_call",
         "pgcounters.record_flush",
@@ -323,3 +322,28 @@ def test_status_works_for_the_app_and_the_worker(
         status = get_status(c)
         assert status.schema_current
         assert status.depth >= 1
+
+
+def test_incr_runs_user_table_triggers_with_the_callers_rights(
+    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    """incr is not a definer function: a trigger on the counted table that the SQL incr
+    updates runs as the application role, never as the owner of pgcounters."""
+    setup.execute(
+        "CREATE TABLE seen (who text);"
+        "CREATE FUNCTION note_who() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN INSERT INTO public.seen VALUES (current_user); RETURN NEW; END $$;"
+        "CREATE TRIGGER note_who BEFORE UPDATE ON blog_article"
+        " FOR EACH ROW EXECUTE FUNCTION note_who()"
+    )
+    role = app.execute("SELECT current_user").fetchone()
+    setup.execute(f'GRANT INSERT ON seen TO "{role[0] if role else ""}"')
+    app.execute("SELECT pgcounters.incr('article.title_edits', '{1}', 1)")
+    app.execute("SELECT pgcounters.incr('d', '{5}', 2)")  # direct named: through add_direct
+    assert setup.execute("SELECT who FROM seen").fetchall() == [role]
+    assert Counters(setup).get("d", 5) == 2
+    definer = setup.execute(
+        "SELECT prosecdef FROM pg_proc WHERE oid = 'pgcounters.incr(text, text[], bigint)'"
+        "::regprocedure"
+    ).fetchone()
+    assert definer == (False,)

@@ -652,3 +652,36 @@ def test_keys_equal_in_their_key_type_are_one_key(conn: psycopg.Connection[Any],
         "2026-11-22": 0,
     }
     assert_exact(conn, [per_day, per_amount])
+
+
+def test_a_counter_declared_again_over_another_table_leaves_the_old_one(
+    conn: psycopg.Connection[Any],
+) -> None:
+    conn.execute(
+        "CREATE TABLE post (id bigint PRIMARY KEY, comments bigint NOT NULL DEFAULT 0);"
+        "INSERT INTO post VALUES (1);"
+        "CREATE TABLE old_comment (id serial PRIMARY KEY, post_id bigint);"
+        "CREATE TABLE comment (id serial PRIMARY KEY, post_id bigint)"
+    )
+
+    def spec(source: str) -> CounterSpec:
+        return CounterSpec(
+            name="post.comments", source=source, keys=["post_id"],
+            target=ColumnTarget("post", "comments"),
+        )  # fmt: skip
+
+    triggers.install(conn, [spec("old_comment")])
+    triggers.install(conn, [spec("comment")])
+    assert {t.table for t in triggers.installed(conn)} == {"comment"}
+    conn.execute("INSERT INTO old_comment (post_id) VALUES (1), (1)")
+    conn.execute("INSERT INTO comment (post_id) VALUES (1)")
+    Counters(conn).drain()
+    assert conn.execute("SELECT comments FROM post").fetchone() == (1,)
+    assert [d.state for d in triggers.drift(conn)] == ["installed"]
+    # triggers left on another table by hand are drift
+    function = trigger_name("post.comments", "insert")
+    conn.execute(
+        "CREATE TRIGGER pgc_stray AFTER INSERT ON old_comment REFERENCING NEW TABLE AS pgc_new"
+        f" FOR EACH STATEMENT EXECUTE FUNCTION pgcounters.{function}()"
+    )
+    assert [d.state for d in triggers.drift(conn)] == ["outdated"]

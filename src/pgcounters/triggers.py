@@ -100,6 +100,7 @@ def install(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec]) -> list
     schema.check(conn)
     with translated(), conn.transaction():
         _refuse_other_deliveries(conn, chosen)
+        _drop_moved(conn, chosen)
         for spec in chosen:
             validate(conn, spec)
             compiled = compile_spec(spec)
@@ -125,6 +126,23 @@ def _refuse_other_deliveries(conn: psycopg.Connection[Any], specs: Sequence[Coun
             "installing it again would count every row twice: keep one delivery "
             "(for Django models, the migrations) or uninstall the other first"
         )
+
+
+def _on_source(spec: CounterSpec, t: InstalledTrigger) -> bool:
+    return (t.schema, t.table) == (spec.source.schema, spec.source.name)
+
+
+def _drop_moved(conn: psycopg.Connection[Any], specs: Sequence[CounterSpec]) -> None:
+    """A counter declared again over another table: its triggers on the old table go."""
+    by_name = {spec.name: spec for spec in specs}
+    for t in installed(conn):
+        spec = by_name.get(t.spec_name)
+        if spec is not None and not _on_source(spec, t):
+            conn.execute(
+                sql.SQL("DROP TRIGGER {} ON {}").format(
+                    sql.Identifier(t.trigger), sql.Identifier(t.schema, t.table)
+                )
+            )
 
 
 def uninstall(conn: psycopg.Connection[Any], name: str, *, drop_values: bool = False) -> bool:
@@ -199,7 +217,8 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
     """Compare declared specs (default: the recorded ones) with the installed triggers.
 
     A counter is ``installed`` when its four triggers exist, are enabled and
-    carry its fingerprint; ``outdated`` when some carry another fingerprint;
+    carry its fingerprint; ``outdated`` when some carry another fingerprint or sit on
+    another table than the spec's source;
     ``missing`` when some are absent; ``disabled`` when some are disabled.
     Installed triggers of a counter that is not declared are ``undeclared``.
     """
@@ -211,7 +230,9 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
     for s in wanted:
         found = by_name.pop(s.name, [])
         events = {t.event for t in found}
-        stale = sorted(t.trigger for t in found if t.fingerprint != s.fingerprint)
+        stale = sorted(
+            t.trigger for t in found if t.fingerprint != s.fingerprint or not _on_source(s, t)
+        )
         off = sorted(t.trigger for t in found if not t.enabled)
         absent = [e for e in EVENTS if e not in events]
         if stale:

@@ -5,8 +5,8 @@ A worker applies queued deltas batch after batch (one transaction per batch,
 
 * **polling with backoff**: after an empty round it waits ``min_interval``,
   doubling up to ``max_interval`` while the queues stay empty; a round that
-  found deltas brings the wait back to ``min_interval``, a full batch means
-  no wait at all;
+  found deltas is followed by the next at once, and brings the wait back to
+  ``min_interval``;
 * **wake-ups (opt-in)**: with ``listen=True`` it also LISTENs on the channel
   the wake-up triggers notify (``pgcounters wakeup on``), at most once per
   interval, never once per delta, and wakes at once. Polling stays on, so a
@@ -225,15 +225,14 @@ class Worker:
                     logger.error("draining failed, retrying in %gs: %s", s.max_interval, exc)
                     self._wait(conn, s.max_interval)
                     continue
-                if full:
+                if got or full:
+                    # deltas found: go on at once. A batch may be short while more are
+                    # queued (the range claim skips ids of rolled-back inserts and of
+                    # rows other drainers took), so only an empty round waits.
                     interval = s.min_interval
                     continue
-                if got:
-                    interval = s.min_interval
-                    self._wait(conn, interval)
-                else:
-                    self._wait(conn, interval)
-                    interval = min(interval * 2, s.max_interval)
+                self._wait(conn, interval)
+                interval = min(interval * 2, s.max_interval)
         finally:
             if conn is not None:
                 conn.close()

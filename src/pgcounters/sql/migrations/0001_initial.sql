@@ -210,6 +210,11 @@ BEGIN
     IF v_id IS NULL THEN
         RETURN false;
     END IF;
+    -- wait for a drainer of each queue that claims by id range (schema version
+    -- 5): it waits for rows without locking them first, a delete in another
+    -- order than its own would deadlock with it
+    PERFORM pg_advisory_xact_lock(hashtext('pgcounters.drain'), 0),
+            pg_advisory_xact_lock(hashtext('pgcounters.drain'), 1);
     DELETE FROM pgcounters.counters WHERE target_id = v_id;
     DELETE FROM pgcounters.queue WHERE target_id = v_id;
     DELETE FROM pgcounters.queue_unlogged WHERE target_id = v_id;

@@ -85,6 +85,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    -- as drop_counter: wait for the range drainers first (no deadlock with them)
+    PERFORM pg_advisory_xact_lock(hashtext('pgcounters.drain'), 0),
+            pg_advisory_xact_lock(hashtext('pgcounters.drain'), 1);
     DELETE FROM pgcounters.queue WHERE target_id = t.id;
     DELETE FROM pgcounters.queue_unlogged WHERE target_id = t.id;
     IF t.target_table IS NULL THEN

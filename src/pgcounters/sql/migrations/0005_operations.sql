@@ -93,13 +93,38 @@ $$;
 --   SELECT ... FOR UPDATE SKIP LOCKED))`, which skips rows others hold but
 --   writes every row twice (a lock, then the delete): measured at about 0.65x
 --   the speed of the first form. If it takes rows inside the first drainer's
---   range, the first drainer waits for it and then skips them.
+--   range, the first drainer waits for it and then skips them; if that left
+--   its whole range empty, it claims again from the new head, so an empty
+--   result means an empty queue (for this drainer), never a range taken by
+--   another.
+--
+-- TRUNCATE of a counted table (reset_target) and drop_counter take the
+-- queues' advisory locks (blocking) before they delete a counter's deltas: the
+-- range claim waits for rows without locking them in id order, and a delete in
+-- another order would deadlock with it.
+--
+-- A column counter whose table or columns no longer exist is left out of the
+-- claim (its deltas stay queued, a WARNING says so): it would otherwise fail
+-- every batch and stop every other counter with it.
 --
 -- Both run through EXECUTE so the plan uses the real limit (the `id IN
 -- (subquery)` form was measured to plan a full scan of a large queue), keep
 -- the index on id, sum per (target, key) so ON CONFLICT never meets a row
 -- twice, and upsert in (target, key) order so drainers cannot deadlock on
 -- counter rows.
+-- Column counters whose table, counter column or key column no longer exists.
+CREATE FUNCTION pgcounters._broken_targets() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(t.id ORDER BY t.id), '{}')
+      FROM pgcounters.targets AS t
+     WHERE t.target_table IS NOT NULL
+       AND (SELECT count(*) FROM pg_catalog.pg_attribute AS a
+             WHERE a.attrelid = to_regclass(format('%I.%I', t.target_schema, t.target_table))
+               AND a.attname IN (t.target_column, t.target_key_column)
+               AND a.attnum > 0 AND NOT a.attisdropped)
+           < CASE WHEN t.target_column = t.target_key_column THEN 1 ELSE 2 END
+$$;
+
 CREATE OR REPLACE FUNCTION pgcounters.drain_batch(
     p_limit integer DEFAULT 10000,
     p_unlogged boolean DEFAULT false,
@@ -110,7 +135,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_queue text := CASE WHEN p_unlogged THEN 'queue_unlogged' ELSE 'queue' END;
     v_started timestamptz := clock_timestamp();
+    v_sole boolean;
     v_claim text;
+    v_skip text := '';
+    v_broken integer[] := pgcounters._broken_targets();
+    v_head bigint;
     v_columns pgcounters.column_delta[];
     v_column_keys bigint;
     c record;
@@ -120,20 +149,27 @@ BEGIN
         RAISE EXCEPTION 'batch size must be a positive integer, got %', p_limit
             USING ERRCODE = 'PC005';
     END IF;
-
-    IF pg_try_advisory_xact_lock(hashtext('pgcounters.drain'), p_unlogged::integer) THEN
-        v_claim := 'q.id BETWEEN (SELECT lo FROM head) AND (SELECT lo FROM head) + $1 - 1';
-    ELSE
-        v_claim := 'q.id = ANY (ARRAY(SELECT id FROM pgcounters.%1$I ORDER BY id LIMIT $1'
-                   ' FOR UPDATE SKIP LOCKED))';
+    IF cardinality(v_broken) > 0 THEN
+        RAISE WARNING 'pgcounters: deltas of counters % stay queued: their table or column '
+                      'no longer exists', v_broken;
+        v_skip := ' AND q.target_id <> ALL ($2)';
     END IF;
 
+    v_sole := pg_try_advisory_xact_lock(hashtext('pgcounters.drain'), p_unlogged::integer);
+    IF v_sole THEN
+        v_claim := 'q.id BETWEEN (SELECT lo FROM head) AND (SELECT lo FROM head) + $1 - 1';
+    ELSE
+        v_claim := 'q.id = ANY (ARRAY(SELECT id FROM pgcounters.%1$I AS q WHERE true'
+                   || v_skip || ' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED))';
+    END IF;
+
+    LOOP
     EXECUTE format($q$
         WITH head AS MATERIALIZED (
-            SELECT min(id) AS lo FROM pgcounters.%1$I
+            SELECT min(id) AS lo FROM pgcounters.%1$I AS q WHERE true $q$ || v_skip || $q$
         ), claimed AS (
             DELETE FROM pgcounters.%1$I AS q
-             WHERE $q$ || v_claim || $q$
+             WHERE $q$ || v_claim || v_skip || $q$
             RETURNING q.target_id, q.key, q.delta
         ), summed AS (
             SELECT target_id, key, sum(delta) AS delta, count(*) AS n
@@ -152,12 +188,17 @@ BEGIN
         SELECT coalesce(sum(s.n), 0)::bigint,
                (SELECT count(*) FROM named),
                array_agg((s.target_id, s.key[1], s.delta)::pgcounters.column_delta)
-                   FILTER (WHERE t.target_table IS NOT NULL AND s.delta <> 0)
+                   FILTER (WHERE t.target_table IS NOT NULL AND s.delta <> 0),
+               $q$ || CASE WHEN v_sole THEN '(SELECT lo FROM head)' ELSE 'NULL::bigint' END || $q$
           FROM summed s
           LEFT JOIN pgcounters.targets t ON t.id = s.target_id
     $q$, v_queue)
-    INTO deltas, keys, v_columns
-    USING p_limit;
+    INTO deltas, keys, v_columns, v_head
+    USING p_limit, v_broken;
+    -- a range found empty while the queue was not: another drainer held it and
+    -- took it; claim again from the new head (each round sees a newer snapshot)
+    EXIT WHEN deltas > 0 OR v_head IS NULL;
+    END LOOP;
 
     IF v_columns IS NOT NULL THEN
         FOR c IN
@@ -175,9 +216,13 @@ BEGIN
                 t.target_schema, t.target_table, t.target_key_column,
                 t.key_types[1]::regtype, t.target_key_column)
             INTO v_column_keys USING c.ks;
+            -- summed again after the cast: texts of one typed value (written by
+            -- hand into the queue) must add up, UPDATE ... FROM applies one match
             EXECUTE format(
                 'UPDATE %I.%I AS x SET %I = coalesce(x.%I, 0) + d.delta
-                   FROM unnest($1::%s[], $2::bigint[]) AS d(key, delta)
+                   FROM (SELECT u.key, sum(u.delta)::bigint AS delta
+                           FROM unnest($1::%s[], $2::bigint[]) AS u(key, delta)
+                          GROUP BY u.key) AS d
                   WHERE x.%I = d.key',
                 t.target_schema, t.target_table, t.target_column, t.target_column,
                 t.key_types[1]::regtype, t.target_key_column)

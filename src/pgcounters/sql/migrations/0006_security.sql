@@ -19,7 +19,8 @@
 -- a caller creates in its own schemas or in pg_temp cannot stand in for the
 -- ones the function means. Their bodies stay in their own migrations and
 -- reference every pgcounters object with its schema; this file only changes
--- how they run.
+-- how they run. incr is the exception: it is redefined here as an invoker
+-- function that adds to direct named counters through add_direct.
 
 -- ---------------------------------------------------------------------------
 -- Direct counters without UPDATE rights on pgcounters.counters
@@ -112,14 +113,45 @@ BEGIN
 END;
 $$;
 
+-- incr stays SECURITY INVOKER: it inserts into a queue (the application role
+-- has INSERT there), updates a user table's counter column (the application
+-- role has UPDATE on that column: the table's own triggers must fire with the
+-- caller's rights, never with the owner's of pgcounters), and adds to a direct
+-- named counter through add_direct.
+CREATE OR REPLACE FUNCTION pgcounters.incr(
+    p_name text, p_key text[] DEFAULT '{}', p_delta bigint DEFAULT 1
+)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    t pgcounters.targets := pgcounters._target(p_name);
+    v_value bigint;
+BEGIN
+    PERFORM pgcounters._check_key(t, p_key);
+    IF t.mode = 'queued' THEN
+        INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (t.id, p_key, p_delta);
+        RETURN NULL;
+    ELSIF t.mode = 'unlogged' THEN
+        INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (t.id, p_key, p_delta);
+        RETURN NULL;
+    ELSIF t.target_table IS NULL THEN
+        RETURN pgcounters.add_direct(ARRAY[t.id], ARRAY[p_key::text], ARRAY[p_delta]);
+    END IF;
+    EXECUTE format(
+        'UPDATE %I.%I AS x SET %I = coalesce(x.%I, 0) + $1 WHERE x.%I = $2::%s RETURNING x.%I',
+        t.target_schema, t.target_table, t.target_column, t.target_column,
+        t.target_key_column, t.key_types[1]::regtype, t.target_column)
+    INTO v_value USING p_delta, p_key[1];
+    RETURN v_value;
+END;
+$$;
+
 -- ---------------------------------------------------------------------------
 -- Functions that run with the rights of their owner
 -- ---------------------------------------------------------------------------
 
--- incr: queued counters insert into a queue, direct ones update a stored row
--- or a user table's counter column; the caller needs neither right.
-ALTER FUNCTION pgcounters.incr(text, text[], bigint)
-    SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp;
+-- add_direct: the only way a role without write rights on pgcounters.counters
+-- adds to a direct named counter (incr and the compiled triggers call it).
 ALTER FUNCTION pgcounters.add_direct(integer[], text[], bigint[])
     SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp;
 -- a quota call upserts the usage row (and the log): the application may call,
@@ -257,6 +289,7 @@ BEGIN
         'GRANT SELECT, UPDATE ON SEQUENCE pgcounters.wakeup_clock TO %I',
         'GRANT EXECUTE ON FUNCTION pgcounters.drain_batch(integer, boolean),'
             ' pgcounters._record_drain(boolean, bigint, bigint, double precision),'
+            ' pgcounters._broken_targets(),'
             ' pgcounters.reset_target(integer),'
             ' pgcounters.purge_quotas(timestamptz, text) TO %I'
     ] LOOP
