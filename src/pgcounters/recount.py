@@ -424,10 +424,12 @@ def _named_keys(
     )
     with conn.transaction():
         rows = conn.execute(
+            # in byte order (COLLATE "C"), which is Python's order of the same keys: the
+            # resume cursor below is compared in Python, whatever the database's collation
             sql.SQL(
-                "SELECT key FROM ({truth}) AS t UNION"
+                "SELECT key FROM (SELECT key FROM ({truth}) AS t UNION"
                 " SELECT key FROM pgcounters.counters WHERE target_id = {target} UNION"
-                " SELECT key FROM ({pending}) AS p ORDER BY 1"
+                ' SELECT key FROM ({pending}) AS p) AS u ORDER BY key COLLATE "C"'
             ).format(
                 truth=truth_query(spec, first),
                 target=sql.Literal(target),
