@@ -74,6 +74,19 @@ $$;
 -- Draining (replaces the version-1 function; same signature and result)
 -- ---------------------------------------------------------------------------
 
+-- Column counters whose table, counter column or key column no longer exists.
+CREATE FUNCTION pgcounters._broken_targets() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(t.id ORDER BY t.id), '{}')
+      FROM pgcounters.targets AS t
+     WHERE t.target_table IS NOT NULL
+       AND (SELECT count(*) FROM pg_catalog.pg_attribute AS a
+             WHERE a.attrelid = to_regclass(format('%I.%I', t.target_schema, t.target_table))
+               AND a.attname IN (t.target_column, t.target_key_column)
+               AND a.attnum > 0 AND NOT a.attisdropped)
+           < CASE WHEN t.target_column = t.target_key_column THEN 1 ELSE 2 END
+$$;
+
 -- Apply at most p_limit pending deltas of one queue, in the caller's
 -- transaction (one batch = one transaction: the caller commits).
 --
@@ -112,19 +125,6 @@ $$;
 -- the index on id, sum per (target, key) so ON CONFLICT never meets a row
 -- twice, and upsert in (target, key) order so drainers cannot deadlock on
 -- counter rows.
--- Column counters whose table, counter column or key column no longer exists.
-CREATE FUNCTION pgcounters._broken_targets() RETURNS integer[]
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(t.id ORDER BY t.id), '{}')
-      FROM pgcounters.targets AS t
-     WHERE t.target_table IS NOT NULL
-       AND (SELECT count(*) FROM pg_catalog.pg_attribute AS a
-             WHERE a.attrelid = to_regclass(format('%I.%I', t.target_schema, t.target_table))
-               AND a.attname IN (t.target_column, t.target_key_column)
-               AND a.attnum > 0 AND NOT a.attisdropped)
-           < CASE WHEN t.target_column = t.target_key_column THEN 1 ELSE 2 END
-$$;
-
 CREATE OR REPLACE FUNCTION pgcounters.drain_batch(
     p_limit integer DEFAULT 10000,
     p_unlogged boolean DEFAULT false,
