@@ -51,8 +51,8 @@ def test_keys_match_postgresql_casts(pc: Counters, conn: psycopg.Connection[Any]
     uid = uuid.uuid4()
     pc.incr("k", (12, uid, dt.date(2024, 2, 29)))
     row = conn.execute(
-        "SELECT key = ARRAY[%s::bigint::text, %s::uuid::text, to_char(%s::date, 'YYYY-MM-DD')]"
-        " FROM pgcounters.queue",
+        "SELECT key::text[] = ARRAY[%s::bigint::text, %s::uuid::text,"
+        " to_char(%s::date, 'YYYY-MM-DD')] FROM pgcounters.queue",
         (12, str(uid).upper(), "2024-02-29"),
     ).fetchone()
     assert row == (True,)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -513,10 +514,25 @@ def _typed_key_value(counter: Counter, text: str) -> object:
     return decode_key([text], counter.key_types)[0]
 
 
+# what makes array_out quote an element: its delimiters, quotes, backslashes and
+# the whitespace of array_isspace (ASCII only)
+_NEEDS_QUOTES = re.compile(r'[{}",\\ \t\n\r\v\f]')
+
+
+def _array_element(part: str) -> str:
+    if part == "" or _NEEDS_QUOTES.search(part) or (part.isascii() and part.upper() == "NULL"):
+        return '"' + part.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return part
+
+
 def array_literal(parts: Sequence[str]) -> str:
-    """A ``text[]`` literal of ``parts``, sent as a parameter value (never pasted into SQL)."""
-    quoted = ('"' + p.replace("\\", "\\\\").replace('"', '\\"') + '"' for p in parts)
-    return "{" + ",".join(quoted) + "}"
+    """The canonical text of ``parts`` as a ``text[]``: what PostgreSQL prints for it.
+
+    Sent as a parameter value (never pasted into SQL). The queues keep keys in
+    this form (schema version 7), so COPY writers must produce exactly the text
+    that ``text[]::text`` gives; a property test compares the two.
+    """
+    return "{" + ",".join(_array_element(p) for p in parts) + "}"
 
 
 @functools.lru_cache(maxsize=64)

@@ -103,11 +103,12 @@ def _pending(target: int, keys: sql.Composable | None = None) -> sql.Composed:
     """``SELECT key, delta``: pending deltas of a target per key (optionally of some keys)."""
     where = sql.SQL("target_id = {}").format(sql.Literal(target))
     if keys is not None:
-        where = sql.SQL("{} AND key IN ({})").format(where, keys)
+        # the queues keep a key as its array's text (schema version 7)
+        where = sql.SQL("{} AND key IN (SELECT k::text FROM ({}) AS s(k))").format(where, keys)
     return sql.SQL(
-        "SELECT key, sum(delta)::bigint AS delta FROM ("
+        "SELECT q.key::text[] AS key, sum(q.delta)::bigint AS delta FROM ("
         "SELECT key, delta FROM pgcounters.queue WHERE {w} UNION ALL "
-        "SELECT key, delta FROM pgcounters.queue_unlogged WHERE {w}) AS q GROUP BY key"
+        "SELECT key, delta FROM pgcounters.queue_unlogged WHERE {w}) AS q GROUP BY q.key"
     ).format(w=where)
 
 

@@ -61,9 +61,9 @@ RETURNING x.{column};
 SELECT (coalesce((SELECT value FROM pgcounters.counters
                    WHERE target_id = %(t)s AND key = %(k)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
-                   WHERE target_id = %(t)s AND key = %(k)s), 0)
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
-                   WHERE target_id = %(t)s AND key = %(k)s), 0))::bigint;
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
 
 -- name: stored_named
 SELECT coalesce((SELECT value FROM pgcounters.counters
@@ -72,9 +72,9 @@ SELECT coalesce((SELECT value FROM pgcounters.counters
 -- name: exact_column
 SELECT (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
-                   WHERE target_id = %(t)s AND key = %(k)s), 0)
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
-                   WHERE target_id = %(t)s AND key = %(k)s), 0))::bigint;
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
 
 -- name: stored_column
 SELECT coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
@@ -83,9 +83,9 @@ SELECT coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)
 SELECT w.ord,
        (coalesce(c.value, 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
-                   WHERE q.target_id = %(t)s AND q.key = w.key), 0)
+                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged q
-                   WHERE q.target_id = %(t)s AND q.key = w.key), 0))::bigint
+                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)

@@ -28,9 +28,9 @@ WITH claimed AS (
                     AND (SELECT min(id) FROM pgcounters.queue) + p_limit - 1
     RETURNING q.target_id, q.key, q.delta
 ), summed AS (
-    SELECT target_id, key, sum(delta) AS delta, count(*) AS n
+    SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n
       FROM claimed
-     GROUP BY target_id, key
+     GROUP BY target_id, claimed.key
 ), named AS (
     INSERT INTO pgcounters.counters AS k (target_id, key, value)
     SELECT s.target_id, s.key, s.delta

@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db import router
-from django.db.models import BigIntegerField, Count, F, Model, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import (
+    BigIntegerField,
+    Count,
+    F,
+    Model,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    Sum,
+    TextField,
+)
 from django.db.models.functions import Cast, Coalesce
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -57,7 +67,10 @@ class ReadOnly:
 def _pending(model: type[PendingDelta] | type[UnloggedPendingDelta]) -> Coalesce:
     """The sum of the pending deltas of the outer row's counter and key, 0 when none."""
     deltas = (
-        model.objects.filter(counter_id=OuterRef("counter_id"), key=OuterRef("key"))
+        # the queues keep a key as its array's text (schema version 7)
+        model.objects.filter(
+            counter_id=OuterRef("counter_id"), key=Cast(OuterRef("key"), TextField())
+        )
         .order_by()
         .values("counter_id")
         .annotate(total=Sum("delta"))

@@ -49,10 +49,10 @@ class Exact(Expression):
             "(coalesce({column}, 0)"
             " + coalesce((SELECT sum(q.delta) FROM pgcounters.queue AS q WHERE q.target_id ="
             " (SELECT t.id FROM pgcounters.targets AS t WHERE t.name = %s)"
-            " AND q.key = ARRAY[({key})::text]), 0)"
+            " AND q.key = ARRAY[({key})::text]::text), 0)"
             " + coalesce((SELECT sum(q.delta) FROM pgcounters.queue_unlogged AS q"
             " WHERE q.target_id = (SELECT t.id FROM pgcounters.targets AS t WHERE t.name = %s)"
-            " AND q.key = ARRAY[({key})::text]), 0))"
+            " AND q.key = ARRAY[({key})::text]::text), 0))"
         )
         text = template.format(column=column_sql, key=key_sql)
         name = self._name  # type: ignore[attr-defined]

@@ -85,7 +85,7 @@ class _Delta(models.Model):
         db_constraint=False,
         related_name="+",
     )
-    key = ArrayField(models.TextField())
+    key = models.TextField(help_text="the key as its array's text, such as {42}")
     delta = models.BigIntegerField()
     created_at = models.DateTimeField()
 

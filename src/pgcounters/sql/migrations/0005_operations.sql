@@ -172,9 +172,11 @@ BEGIN
              WHERE $q$ || v_claim || v_skip || $q$
             RETURNING q.target_id, q.key, q.delta
         ), summed AS (
-            SELECT target_id, key, sum(delta) AS delta, count(*) AS n
+            -- the queues' keys are text from version 7 on (text[] before): one
+            -- cast per key, to the counters table's text[]
+            SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n
               FROM claimed
-             GROUP BY target_id, key
+             GROUP BY target_id, claimed.key
         ), named AS (
             INSERT INTO pgcounters.counters AS k (target_id, key, value)
             SELECT s.target_id, s.key, s.delta
