@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Literal
 
 import psycopg
 from psycopg import errors as pg
@@ -80,16 +81,34 @@ def translate(exc: psycopg.Error) -> errors.PgCountersError | None:
     return None
 
 
-@contextmanager
-def translated() -> Iterator[None]:
+class _Translated:
+    """The context manager of :func:`translated`: a plain class, not a generator, because
+    it wraps every increment and quota call (a generator-based one costs more per use)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        if isinstance(exc, psycopg.Error):
+            mapped = translate(exc)
+            if mapped is not None:
+                raise mapped from exc
+        elif isinstance(exc, UnicodeEncodeError):
+            # a parameter that UTF-8 cannot encode (an unpaired surrogate)
+            raise errors.InvalidText(f"{errors.InvalidText.__doc__} ({exc})") from exc
+        return False
+
+
+_TRANSLATED = _Translated()
+
+
+def translated() -> AbstractContextManager[None]:
     """Re-raise driver errors that pgcounters can explain as PgCountersError subclasses."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        mapped = translate(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
-    except UnicodeEncodeError as exc:
-        # a parameter that UTF-8 cannot encode (an unpaired surrogate)
-        raise errors.InvalidText(f"{errors.InvalidText.__doc__} ({exc})") from exc
+    return _TRANSLATED

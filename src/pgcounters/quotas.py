@@ -25,14 +25,13 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgcounters import schema
-from pgcounters.dberrors import translate, translated
+from pgcounters.dberrors import translated
 from pgcounters.errors import (
     InvalidCost,
     InvalidQuotaArgument,
     InvalidQuotaDefinition,
     InvalidQuotaLimit,
     InvalidSubject,
-    InvalidText,
     UnknownQuota,
 )
 from pgcounters.keys import BIGINT_MAX, NAME_RE
@@ -469,11 +468,11 @@ class Quotas:
         if details is not None and not isinstance(details, Mapping):
             raise InvalidQuotaArgument(f"details must be a mapping, got {type(details).__name__}")
         self._ensure_schema()
-        # the hot path: one cursor kept for the calls, no context manager around it
+        # the hot path: one cursor kept for the calls
         cur = self._cursor
         if cur is None or cur.closed:
             cur = self._cursor = self.conn.cursor(row_factory=tuple_row)
-        try:
+        with translated():
             cur.execute(
                 self._register,
                 (
@@ -486,13 +485,6 @@ class Quotas:
                 ),
             )
             row = cur.fetchone()
-        except psycopg.Error as exc:
-            mapped = translate(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
-        except UnicodeEncodeError as exc:
-            raise InvalidText(f"{InvalidText.__doc__} ({exc})") from exc
         assert row is not None
         return CallResult(
             allowed=row[0],

@@ -99,8 +99,9 @@ def install(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec]) -> list
     _check_unique(chosen)
     schema.check(conn)
     with translated(), conn.transaction():
-        _refuse_other_deliveries(conn, chosen)
-        _drop_moved(conn, chosen)
+        present = installed(conn)
+        _refuse_other_deliveries(chosen, present)
+        _drop_moved(conn, chosen, present)
         for spec in chosen:
             validate(conn, spec)
             compiled = compile_spec(spec)
@@ -110,13 +111,13 @@ def install(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec]) -> list
     return [spec.name for spec in chosen]
 
 
-def _refuse_other_deliveries(conn: psycopg.Connection[Any], specs: Sequence[CounterSpec]) -> None:
+def _refuse_other_deliveries(
+    specs: Sequence[CounterSpec], present: Sequence[InstalledTrigger]
+) -> None:
     wanted = {spec.name for spec in specs}
     ours = {trigger_name(name, event) for name in wanted for event in EVENTS}
     others = sorted(
-        (t.spec_name, t.trigger)
-        for t in installed(conn)
-        if t.spec_name in wanted and t.trigger not in ours
+        (t.spec_name, t.trigger) for t in present if t.spec_name in wanted and t.trigger not in ours
     )
     if others:
         name, first = others[0]
@@ -132,10 +133,14 @@ def _on_source(spec: CounterSpec, t: InstalledTrigger) -> bool:
     return (t.schema, t.table) == (spec.source.schema, spec.source.name)
 
 
-def _drop_moved(conn: psycopg.Connection[Any], specs: Sequence[CounterSpec]) -> None:
+def _drop_moved(
+    conn: psycopg.Connection[Any],
+    specs: Sequence[CounterSpec],
+    present: Sequence[InstalledTrigger],
+) -> None:
     """A counter declared again over another table: its triggers on the old table go."""
     by_name = {spec.name: spec for spec in specs}
-    for t in installed(conn):
+    for t in present:
         spec = by_name.get(t.spec_name)
         if spec is not None and not _on_source(spec, t):
             conn.execute(
