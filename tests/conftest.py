@@ -121,3 +121,15 @@ def django_db_modify_db_settings(server_dsn: str) -> None:
             "NAME": "blog",
         }
     )
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of the test's own, which it may crash or restart (durable settings: what
+    committed must survive)."""
+    server = EmbeddedPostgres(tmp_path / "data")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -18,25 +18,13 @@ from django.db.migrations.loader import MigrationLoader
 from django.db.models import Count, Q
 from django.test import Client
 
-from pgcounters import Counters, Quotas
-from pgcounters.contrib.django import declared_counters
+from django_support import assert_exact, drain
+from pgcounters import Quotas
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.expressions import Exact
 from pgcounters.contrib.django.pagination import EstimatedCountPaginator
-from pgcounters.recount import verify
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def drain() -> None:
-    with psycopg_connection() as conn:
-        Counters(conn).drain()
-
-
-def assert_exact() -> None:
-    with psycopg_connection() as conn:
-        for _, spec in declared_counters():
-            assert verify(conn, spec).mismatches == [], spec.name
 
 
 def blog(public: list[int], private: int = 2) -> tuple[User, list[Article]]:

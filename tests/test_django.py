@@ -12,25 +12,13 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models import Count, Q
 
+from django_support import assert_exact, drain
 from pgcounters import Counters
-from pgcounters.contrib.django import declared_counters
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.expressions import Exact
 from pgcounters.contrib.django.pagination import EstimatedCountPaginator, estimated_count
-from pgcounters.recount import verify
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def drain() -> None:
-    with psycopg_connection() as conn:
-        Counters(conn).drain()
-
-
-def assert_exact() -> None:
-    with psycopg_connection() as conn:
-        for _, spec in declared_counters():
-            assert verify(conn, spec).mismatches == [], spec.name
 
 
 def truth() -> list[tuple[int, int]]:

@@ -4,8 +4,6 @@ deltas in another order, holes in ids, a column counter whose table is gone."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -14,16 +12,9 @@ import pytest
 from pgcounters import Counters
 from pgcounters.client import DrainResult
 from pgcounters.worker import Worker, WorkerSettings
+from support import wait_for
 
 ENQUEUE = "INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s, 1)"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 def lock_waiters(conn: psycopg.Connection[Any]) -> int:

@@ -19,7 +19,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -48,13 +47,8 @@ def _figures(name: str, **numbers: int) -> None:
 # -- crash -------------------------------------------------------------------
 
 
-def test_immediate_shutdown_under_load(tmp_path: Path) -> None:
-    server = EmbeddedPostgres(tmp_path / "data")  # durable settings: fsync on
-    server.start()
-    try:
-        _crash_under_load(server)
-    finally:
-        server.stop()
+def test_immediate_shutdown_under_load(own_server: EmbeddedPostgres) -> None:
+    _crash_under_load(own_server)  # a server of the test's own, durable settings: fsync on
 
 
 def _crash_under_load(server: EmbeddedPostgres) -> None:

@@ -15,8 +15,6 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -380,17 +378,6 @@ def test_the_progress_bar_goes_to_a_terminal_only(
     assert code == 0
     assert f"{ARTICLE}: 5 keys" in out
     assert terminal == ""
-
-
-@pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test's own, to crash (durable settings: what committed survives)."""
-    server = EmbeddedPostgres(tmp_path / "data")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.slow

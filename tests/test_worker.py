@@ -6,7 +6,7 @@ import random
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,17 +16,9 @@ import pytest
 from pgcounters import Counters, cli
 from pgcounters.errors import ConfigurationError
 from pgcounters.worker import Worker, WorkerSettings
+from support import queued, wait_for
 
 FAST = WorkerSettings(min_interval=0.01, max_interval=0.05, log_every=0)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    """Poll until ``condition()`` holds; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 @contextmanager
@@ -47,15 +39,6 @@ def running(worker: Worker) -> Iterator[list[BaseException]]:
         worker.stop()
         thread.join(timeout=60)
         assert not thread.is_alive(), "the worker did not stop"
-
-
-def queued(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT (SELECT count(*) FROM pgcounters.queue)"
-        " + (SELECT count(*) FROM pgcounters.queue_unlogged)"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_a_worker_in_a_thread_drains_both_queues_and_stops(

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,16 +23,9 @@ import pytest
 
 from pgcounters import Counters, install
 from pgcounters.embedded import EmbeddedPostgres
+from support import queued, wait_for
 
 WORKER_APP = "pgcounters worker"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0, step: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(step)
 
 
 def spawn(dsn: str, *args: str, log: IO[bytes] | int = subprocess.PIPE) -> subprocess.Popen[bytes]:
@@ -58,15 +51,6 @@ def worker_backends(conn: psycopg.Connection[Any]) -> list[tuple[int, str, str |
 def draining(conn: psycopg.Connection[Any]) -> bool:
     """A worker is executing a drain batch right now."""
     return any(s == "active" and "drain_batch" in q for _, s, _, q in worker_backends(conn))
-
-
-def queued(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT (SELECT count(*) FROM pgcounters.queue)"
-        " + (SELECT count(*) FROM pgcounters.queue_unlogged)"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def fill(conn: psycopg.Connection[Any], counter: str, table: str, rows: int, keys: int) -> None:
@@ -255,18 +239,6 @@ def applied(dsn: str) -> int:
         row = conn.execute("SELECT coalesce(sum(deltas), 0) FROM pgcounters.drain_stats").fetchone()
     assert row is not None
     return int(row[0])
-
-
-@pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test's own, which it may restart (durable settings: the test
-    crashes it, and what committed must survive)."""
-    server = EmbeddedPostgres(tmp_path / "data")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.slow

@@ -1,0 +1,28 @@
+"""Helpers shared by the tests: waiting for a condition, counting queued deltas."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0, step: float = 0.02) -> None:
+    """Poll until ``condition()`` holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(step)
+
+
+def queued(conn: psycopg.Connection[Any]) -> int:
+    """Deltas waiting in both queues."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM pgcounters.queue)"
+        " + (SELECT count(*) FROM pgcounters.queue_unlogged)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
