@@ -196,6 +196,26 @@ $$;
 -- Granting
 -- ---------------------------------------------------------------------------
 
+-- Run each statement template (with %I for the role) for an existing role;
+-- return the statements run. The grant and revoke functions below use it.
+CREATE FUNCTION pgcounters._for_role(p_role text, p_templates text[]) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_done text[] := '{}';
+    v_stmt text;
+BEGIN
+    IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = p_role) THEN
+        RAISE EXCEPTION 'role % does not exist', coalesce(quote_ident(p_role), 'NULL')
+            USING ERRCODE = 'PC006';
+    END IF;
+    FOREACH v_stmt IN ARRAY p_templates LOOP
+        EXECUTE format(v_stmt, p_role);
+        v_done := v_done || format(v_stmt, p_role);
+    END LOOP;
+    RETURN v_done;
+END;
+$$;
+
 -- Let p_role use pgcounters as an application: enqueue, incr, quota calls and
 -- reads. Counter columns of user tables are read (SELECT on the table) and,
 -- for direct column counters, the counter column is updatable. Returns the
@@ -209,11 +229,7 @@ DECLARE
     v_stmt text;
     t record;
 BEGIN
-    IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = p_role) THEN
-        RAISE EXCEPTION 'role % does not exist', coalesce(quote_ident(p_role), 'NULL')
-            USING ERRCODE = 'PC006';
-    END IF;
-    FOREACH v_stmt IN ARRAY ARRAY[
+    v_done := pgcounters._for_role(p_role, ARRAY[
         'GRANT USAGE ON SCHEMA pgcounters TO %I',
         'GRANT SELECT ON pgcounters.migrations, pgcounters.targets, pgcounters.counters,'
             ' pgcounters.queue, pgcounters.queue_unlogged, pgcounters.specs,'
@@ -234,10 +250,7 @@ BEGIN
             ' pgcounters.quota_window_end(text, bigint, text, timestamptz),'
             ' pgcounters.record_flush(text, text, integer, numeric, interval, text[]),'
             ' pgcounters.wakeup_interval_ms() TO %I'
-    ] LOOP
-        EXECUTE format(v_stmt, p_role);
-        v_done := v_done || format(v_stmt, p_role);
-    END LOOP;
+    ]);
     FOR t IN
         SELECT DISTINCT target_schema, target_table, target_column, mode = 'direct' AS direct
           FROM pgcounters.targets
@@ -277,12 +290,7 @@ DECLARE
     v_stmt text;
     t record;
 BEGIN
-    IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = p_role) THEN
-        RAISE EXCEPTION 'role % does not exist', coalesce(quote_ident(p_role), 'NULL')
-            USING ERRCODE = 'PC006';
-    END IF;
-    v_done := pgcounters.grant_app(p_role);
-    FOREACH v_stmt IN ARRAY ARRAY[
+    v_done := pgcounters.grant_app(p_role) || pgcounters._for_role(p_role, ARRAY[
         'GRANT SELECT, INSERT, UPDATE, DELETE ON pgcounters.counters, pgcounters.queue,'
             ' pgcounters.queue_unlogged, pgcounters.recounts, pgcounters.drain_stats TO %I',
         'GRANT DELETE ON pgcounters.quota_usage, pgcounters.quota_log TO %I',
@@ -292,10 +300,7 @@ BEGIN
             ' pgcounters._broken_targets(),'
             ' pgcounters.reset_target(integer),'
             ' pgcounters.purge_quotas(timestamptz, text) TO %I'
-    ] LOOP
-        EXECUTE format(v_stmt, p_role);
-        v_done := v_done || format(v_stmt, p_role);
-    END LOOP;
+    ]);
     FOR t IN
         SELECT DISTINCT target_schema AS s, target_table AS r, target_column AS c
           FROM pgcounters.targets
@@ -334,27 +339,16 @@ $$;
 -- owners' to revoke). Returns the REVOKE statements run.
 CREATE FUNCTION pgcounters.revoke_role(p_role text) RETURNS text[]
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_done text[] := '{}';
-    v_stmt text;
 BEGIN
-    IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = p_role) THEN
-        RAISE EXCEPTION 'role % does not exist', coalesce(quote_ident(p_role), 'NULL')
-            USING ERRCODE = 'PC006';
-    END IF;
-    FOREACH v_stmt IN ARRAY ARRAY[
+    RETURN pgcounters._for_role(p_role, ARRAY[
         'REVOKE ALL ON ALL TABLES IN SCHEMA pgcounters FROM %I',
         'REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgcounters FROM %I',
         'REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgcounters FROM %I',
         'REVOKE ALL ON SCHEMA pgcounters FROM %I'
-    ] LOOP
-        EXECUTE format(v_stmt, p_role);
-        v_done := v_done || format(v_stmt, p_role);
-    END LOOP;
-    RETURN v_done;
+    ]);
 END;
 $$;
 
 REVOKE EXECUTE ON FUNCTION pgcounters.add_direct(integer[], text[], bigint[]),
-    pgcounters.grant_app(text), pgcounters.grant_worker(text), pgcounters.revoke_role(text)
+    pgcounters._for_role(text, text[]), pgcounters.grant_app(text), pgcounters.grant_worker(text), pgcounters.revoke_role(text)
     FROM PUBLIC;
