@@ -158,3 +158,43 @@ def test_a_column_counter_whose_table_is_gone_does_not_stop_the_others(
     conn.execute("INSERT INTO parent VALUES (1)")
     assert pc.drain().deltas == 1
     assert conn.execute("SELECT cnt FROM parent").fetchone() == (1,)
+
+
+def test_two_column_counters_of_one_table_lock_its_rows_in_one_key_order(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    """A count and a sum kept in one table: the drain locks that table's rows in one pass in
+    key order, as a recount does, so the two cannot deadlock."""
+    conn.execute(
+        "CREATE TABLE article (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0,"
+        " score bigint NOT NULL DEFAULT 0); INSERT INTO article VALUES (1), (2)"
+    )
+    count = pc.create_column_counter("article.n", "article", "n").id
+    total = pc.create_column_counter("article.score", "article", "score").id
+    conn.execute(ENQUEUE, (count, "{2}"))  # the first counter's key is the higher one
+    conn.execute(ENQUEUE, (total, "{1}"))
+    recount = psycopg.connect(dsn)  # a recount locks rows in key order: 1, then 2
+    recount.execute("SELECT 1 FROM article WHERE id = 1 FOR NO KEY UPDATE")
+    results: list[object] = []
+
+    def drain() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            try:
+                results.append(c.execute("SELECT * FROM pgcounters.drain_batch(10)").fetchall())
+            except psycopg.Error as exc:
+                results.append(exc)
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    wait_for(lambda: lock_waiters(conn) == 1)
+    try:
+        recount.execute("SELECT 1 FROM article WHERE id = 2 FOR NO KEY UPDATE")
+        recount.commit()
+    finally:
+        recount.close()
+    thread.join(timeout=30)
+    assert results == [[(2, 2)]]
+    assert conn.execute("SELECT id, n, score FROM article ORDER BY id").fetchall() == [
+        (1, 0, 1),
+        (2, 1, 0),
+    ]

@@ -203,6 +203,25 @@ BEGIN
     END LOOP;
 
     IF v_columns IS NOT NULL THEN
+        -- lock the parent rows first, each table's rows in one pass in key order
+        -- (tables in name order): UPDATE ... FROM does not promise an order, and
+        -- every drainer and recount must lock in the same one. A pass per counter
+        -- would not do when two counters live in one table (a count and a sum
+        -- of the same comments): the passes interleave, and deadlock.
+        FOR c IN
+            SELECT g.target_schema AS s, g.target_table AS r, g.target_key_column AS k,
+                   g.key_types[1] AS key_type, array_agg(d.key) AS ks
+              FROM unnest(v_columns) AS d
+              JOIN pgcounters.targets AS g ON g.id = d.target_id
+             GROUP BY 1, 2, 3, 4
+             ORDER BY 1, 2, 3, 4
+        LOOP
+            EXECUTE format(
+                'SELECT count(*) FROM (SELECT 1 FROM %I.%I AS x WHERE x.%I = ANY ($1::%s[])
+                  ORDER BY x.%I FOR NO KEY UPDATE OF x) AS locked',
+                c.s, c.r, c.k, c.key_type::regtype, c.k)
+            INTO v_column_keys USING c.ks;
+        END LOOP;
         FOR c IN
             SELECT d.target_id, array_agg(d.key) AS ks, array_agg(d.delta) AS ds
               FROM unnest(v_columns) AS d
@@ -210,14 +229,6 @@ BEGIN
              ORDER BY d.target_id
         LOOP
             SELECT * INTO t FROM pgcounters.targets WHERE id = c.target_id;
-            -- lock the parent rows in key order first: UPDATE ... FROM does not
-            -- promise an order, and two drainers must lock in the same one
-            EXECUTE format(
-                'SELECT count(*) FROM (SELECT 1 FROM %I.%I AS x WHERE x.%I = ANY ($1::%s[])
-                  ORDER BY x.%I FOR NO KEY UPDATE OF x) AS locked',
-                t.target_schema, t.target_table, t.target_key_column,
-                t.key_types[1]::regtype, t.target_key_column)
-            INTO v_column_keys USING c.ks;
             -- summed again after the cast: texts of one typed value (written by
             -- hand into the queue) must add up, UPDATE ... FROM applies one match
             EXECUTE format(
