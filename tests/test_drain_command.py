@@ -77,7 +77,9 @@ def test_statement_timeout_aborts_a_stuck_batch_and_keeps_its_deltas(
     pc.create_column_counter("article.n", "article", "n")
     pc.incr("article.n", 1)
     with psycopg.connect(dsn) as blocker:
-        blocker.execute("SELECT 1 FROM article FOR UPDATE")
+        # a parent row held by another transaction is skipped, not waited for; a lock on
+        # the queue itself (an operator's LOCK TABLE) makes the batch wait
+        blocker.execute("LOCK TABLE pgcounters.queue IN SHARE MODE")
         code, _, err = run(capsys, dsn, "--statement-timeout", "0.2")
     assert code == cli.EXIT_ERROR
     assert "cancelled by the statement timeout" in err

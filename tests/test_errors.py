@@ -115,20 +115,23 @@ def test_overflow_in_a_direct_counter(pc: Counters) -> None:
     assert pc.get("d", 1) == BIG
 
 
-def test_overflow_when_draining_keeps_the_deltas_queued(pc: Counters) -> None:
+def test_overflow_when_draining_sets_the_delta_aside_and_drains_the_rest(
+    conn: psycopg.Connection[Any], pc: Counters
+) -> None:
     pc.create_counter("q", int)
     pc.incr("q", 1, BIG)
     pc.drain()
     pc.incr("q", 1, 1)
     pc.incr("q", 2, 1)
-    with pytest.raises(CounterOverflow):
-        pc.drain()
-    # the failed batch rolled back whole: nothing applied, nothing lost
-    assert pc.pending() == (2, 0)
+    result = pc.drain()
+    # the delta that would overflow is set aside with its error; the other is applied
+    assert (result.deltas, result.quarantined) == (1, 1)
+    assert pc.pending() == (0, 0)
     assert pc.get("q", 1, exact=False) == BIG
-    assert pc.get("q", 2, exact=False) == 0
-    with pytest.raises(CounterOverflow):
-        pc.get("q", 1)  # the exact value is not a bigint either
+    assert pc.get("q", 2, exact=False) == 1
+    assert conn.execute("SELECT key, delta, sqlstate FROM pgcounters.quarantine").fetchall() == [
+        ("{1}", 1, "22003")
+    ]
 
 
 def test_unknown_counter(pc: Counters) -> None:

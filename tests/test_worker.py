@@ -119,8 +119,9 @@ def test_a_batch_over_statement_timeout_is_retried_smaller(
     )
     worker = Worker(dsn, settings)
     with psycopg.connect(dsn) as blocker:
-        # a user transaction holds a parent row: the drain waits on it past statement_timeout
-        blocker.execute("SELECT 1 FROM article WHERE id = 3 FOR UPDATE")
+        # a lock on the queue (an operator's LOCK TABLE): the drain waits past
+        # statement_timeout (a parent row held by a user transaction is skipped instead)
+        blocker.execute("LOCK TABLE pgcounters.queue IN SHARE MODE")
         with running(worker) as errors:
             wait_for(lambda: worker.get_stats().batch_size < 400)
             assert queued(conn) == 5, "a cancelled batch must leave its deltas queued"

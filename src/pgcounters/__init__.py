@@ -2,6 +2,7 @@
 
 from pgcounters.client import Counter, Counters, DrainResult, Mode
 from pgcounters.errors import (
+    BatchAborted,
     ConfigurationError,
     ConnectionFailed,
     CounterDefinitionConflict,
@@ -24,6 +25,7 @@ from pgcounters.schema import install, upgrade
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchAborted",
     "ConfigurationError",
     "ConnectionFailed",
     "Counter",

@@ -384,6 +384,12 @@ def run(argv: Sequence[str] | None = None, *, prog: str = "pgcounters") -> int:
     except PgCountersError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except psycopg.Error as exc:
+        # what pgcounters does not explain itself (a deadlock in a user trigger, a
+        # dropped connection): still one line, never a traceback
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{prog}: error: PostgreSQL: {message}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import time
 from collections import defaultdict
@@ -40,6 +41,8 @@ Mode: TypeAlias = Literal["queued", "unlogged", "direct"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 Increment: TypeAlias = tuple[str, object, int]
 """One item of :meth:`Counters.incr_many`: ``(counter name, key, delta)``."""
+
+logger = logging.getLogger("pgcounters.drain")
 
 _MAX_ROWS_PER_STATEMENT = 5000
 INT_MAX = 2**31 - 1  # a drain batch size is an integer parameter of drain_batch()
@@ -79,6 +82,27 @@ class Counter:
 
 
 @dataclass(frozen=True)
+class BatchResult:
+    """What one drain batch did (:meth:`Counters.drain_queue_batch`)."""
+
+    deltas: int
+    """Deltas applied."""
+    keys: int
+    """Counter values changed."""
+    busy: int = 0
+    """Deltas left queued because an application transaction held their parent row."""
+    quarantined: int = 0
+    """Deltas set aside in ``pgcounters.quarantine`` (they could not be applied)."""
+    ahead: bool = False
+    """With ``busy``: deltas queued before the ones left busy remain."""
+
+    @property
+    def done(self) -> bool:
+        """True when the queue holds nothing this drainer can apply now."""
+        return self.deltas == 0 and self.quarantined == 0 and (self.busy == 0 or not self.ahead)
+
+
+@dataclass(frozen=True)
 class DrainResult:
     """What :meth:`Counters.drain` applied."""
 
@@ -86,6 +110,11 @@ class DrainResult:
     keys: int
     batches: int
     seconds: float
+    busy: int = 0
+    """Queued deltas the last batch of each queue left for later (their parent rows were
+    busy); those left again are folded into one delta per key."""
+    quarantined: int = 0
+    """Deltas set aside (see ``pgcounters quarantine``)."""
 
     @property
     def rate(self) -> float:
@@ -437,9 +466,21 @@ class Counters:
     def drain_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> tuple[int, int]:
         """Apply one batch of at most ``batch_size`` deltas in its own transaction.
 
-        Returns ``(deltas applied, keys updated)``. Retries the batch when
+        Returns ``(deltas applied, keys updated)``; :meth:`drain_queue_batch`
+        also says what was left for later or set aside.
+        """
+        batch = self.drain_queue_batch(batch_size, unlogged=unlogged)
+        return batch.deltas, batch.keys
+
+    def drain_queue_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> BatchResult:
+        """Apply one batch of at most ``batch_size`` deltas in its own transaction.
+
+        Parent rows held by other transactions are not waited for: their deltas
+        stay queued for a later batch (``busy``). Deltas that cannot be applied
+        are set aside in the quarantine (``quarantined``). Retries the batch when
         PostgreSQL aborts it for a deadlock or a serialization failure (the
-        deltas stay queued until a batch commits, so nothing is applied twice).
+        deltas stay queued until a batch commits, so nothing is applied twice);
+        each retry is a WARNING of the ``pgcounters.drain`` logger.
         """
         if (
             isinstance(batch_size, bool)
@@ -463,13 +504,19 @@ class Counters:
                     # Repeatable Read a drainer fails on every parent row a writer
                     # updated since its snapshot, and may fail again on each retry
                     cur.execute(query("drain_read_committed"))
-                    cur.execute(query("drain_batch"), {"limit": batch_size, "unlogged": unlogged})
+                    cur.execute(query("drain_queue"), {"limit": batch_size, "unlogged": unlogged})
                     row = cur.fetchone()
                 assert row is not None
-                return int(row[0]), int(row[1])
-            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                return BatchResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), bool(row[4]))
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+                reason = retry_reason(exc)
+                record_retry(self.conn, "drain", reason)
                 if attempt == _DRAIN_RETRIES - 1:
                     raise
+                logger.warning(
+                    "drain batch aborted by %s, retrying (attempt %d of %d)",
+                    reason, attempt + 2, _DRAIN_RETRIES,
+                )  # fmt: skip
                 time.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
 
@@ -485,28 +532,63 @@ class Counters:
 
         The queues take turns, a batch each, so a busy logged queue does not
         starve the unlogged one when a bound ends the drain; a queue is done
-        when a batch finds nothing (a batch may hold fewer than ``batch_size``
-        deltas while more are queued, see ``drain_batch`` in the SQL).
+        when a batch finds nothing it can apply (a batch may hold fewer than
+        ``batch_size`` deltas while more are queued, see ``drain_batch`` in the
+        SQL). Deltas whose parent rows other transactions hold are left queued
+        (``DrainResult.busy``): the drain never waits for an application.
         ``stop`` is asked before every batch (e.g. set by a signal handler).
         """
         started = time.perf_counter()
-        deltas = keys = batches = 0
+        deltas = keys = batches = quarantined = 0
+        busy = [0, 0]
         active = [False, True]
+
+        def result() -> DrainResult:
+            return DrainResult(
+                deltas, keys, batches, time.perf_counter() - started, sum(busy), quarantined
+            )
+
         while active:
             for unlogged in tuple(active):
                 if max_batches is not None and batches >= max_batches:
-                    return DrainResult(deltas, keys, batches, time.perf_counter() - started)
+                    return result()
                 if time_limit is not None and time.perf_counter() - started >= time_limit:
-                    return DrainResult(deltas, keys, batches, time.perf_counter() - started)
+                    return result()
                 if stop is not None and stop():
-                    return DrainResult(deltas, keys, batches, time.perf_counter() - started)
-                got, touched = self.drain_batch(batch_size, unlogged=unlogged)
+                    return result()
+                batch = self.drain_queue_batch(batch_size, unlogged=unlogged)
                 batches += 1
-                deltas += got
-                keys += touched
-                if got == 0:
+                deltas += batch.deltas
+                keys += batch.keys
+                quarantined += batch.quarantined
+                busy[unlogged] = batch.busy
+                if batch.done:
                     active.remove(unlogged)
-        return DrainResult(deltas, keys, batches, time.perf_counter() - started)
+        return result()
+
+
+def retry_reason(exc: BaseException) -> str:
+    """A short name for why PostgreSQL aborted a statement that is worth retrying."""
+    if isinstance(exc, psycopg.errors.DeadlockDetected):
+        return "deadlock"
+    if isinstance(exc, psycopg.errors.SerializationFailure):
+        return "serialization failure"
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return "lock timeout"
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return "statement timeout"
+    return type(exc).__name__
+
+
+def record_retry(conn: psycopg.Connection[Any], operation: str, reason: str) -> None:
+    """Count a retried batch in ``pgcounters.retries`` (for status); never fails the caller."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE or conn.closed:
+        return
+    try:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(query("record_retry"), (operation, reason))
+    except psycopg.Error as exc:  # e.g. a role without the right: the retry goes on
+        logger.debug("could not record the retry: %s", exc)
 
 
 def _typed_key_value(counter: Counter, text: str) -> object:

@@ -77,6 +77,12 @@ class DrainError(PgCountersError):
     """Draining the queue failed."""
 
 
+class BatchAborted(PgCountersError):
+    """PostgreSQL aborted a batch again and again (deadlock, serialization failure, lock or
+    statement timeout) and pgcounters stopped retrying it; nothing of that batch was
+    written."""
+
+
 class IncrementBufferError(PgCountersError):
     """An increment buffer failed."""
 

@@ -6,37 +6,109 @@ pending) from one snapshot. ``recount`` repairs values in batches of keys, one
 transaction per batch, while writers and drainers keep running (DESIGN rule 5):
 
 1. lock the batch's counter rows (parent rows, or rows of
-   ``pgcounters.counters``, created first when missing) in key order, so no
+   ``pgcounters.counters``, created first when missing, in a transaction of
+   their own) in key order **without waiting** (``SKIP LOCKED``), so no
    drainer can apply to them until the batch commits;
 2. in a later statement (a new snapshot that sees every drain that committed
    before the locks were granted) compute truth and pending deltas from that one
-   snapshot and set ``stored = truth - pending``.
+   snapshot and set ``stored = truth - pending`` for the rows locked.
 
 A delta a drainer claimed but has not committed is still pending in that
-snapshot; when the drainer applies it after the batch commits, stored + pending
-equals the truth again. Progress is recorded per batch in
-``pgcounters.recounts``, so an interrupted recount resumes where it stopped.
+snapshot; when the drainer applies it after the batch commits (or puts it back
+in the queue because the row was busy), stored + pending equals the truth again.
+
+Rows another transaction holds (an application's, a drainer's) are skipped by
+the batch and recounted at the end of the run, one key per transaction: the
+transaction waits for that one row, holding nothing else, with a
+``lock_timeout`` below PostgreSQL's ``deadlock_timeout``, so a recount is never
+a party to a deadlock. A batch that PostgreSQL aborts anyway (deadlock,
+serialization failure, lock or statement timeout) is retried (a WARNING of the
+``pgcounters.recount`` logger each time, counted in ``pgcounters.retries``);
+after ``retries`` attempts the recount stops with :class:`BatchAborted`.
+``verify`` retries its statement the same way.
+
+Progress is recorded per batch in ``pgcounters.recounts``, so an interrupted
+recount resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from pgcounters.client import record_retry, retry_reason
 from pgcounters.compiler import ensure_target_call, truth_query
 from pgcounters.dberrors import translated
-from pgcounters.errors import InvalidCounterDefinition
+from pgcounters.errors import BatchAborted, InvalidCounterDefinition
 from pgcounters.keys import decode_key
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
 from pgcounters.triggers import spec as recorded_spec
 
+logger = logging.getLogger("pgcounters.recount")
+
 Progress = Callable[[int], None]
+T = TypeVar("T")
+
+RETRIES = 5
+"""How many times a batch aborted by PostgreSQL is retried before giving up."""
+BUSY_ATTEMPTS = 20
+"""How many times a key whose row stays busy is tried (one ``lock_timeout`` each)."""
+BUSY_LOCK_TIMEOUT = "500ms"
+"""How long the recount of one busy key waits for its row: below the default
+``deadlock_timeout`` (1s), so the recount gives up before any deadlock is looked for."""
+
+# what PostgreSQL aborts and a new attempt may get through
+RETRYABLE: tuple[type[psycopg.Error], ...] = (
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.LockNotAvailable,
+    psycopg.errors.QueryCanceled,
+)
+
+
+def retrying(
+    conn: psycopg.Connection[Any],
+    operation: str,
+    what: str,
+    work: Callable[[], T],
+    *,
+    retries: int = RETRIES,
+) -> T:
+    """Run ``work()`` in a transaction of its own, again when PostgreSQL aborts it.
+
+    Each retry is a WARNING (with the reason) and is counted in ``pgcounters.retries``;
+    after ``retries`` retries :class:`BatchAborted` is raised (nothing of the batch was
+    written: its transaction rolled back).
+    """
+    for attempt in range(retries + 1):
+        try:
+            with conn.transaction():
+                return work()
+        except RETRYABLE as exc:
+            reason = retry_reason(exc)
+            record_retry(conn, operation, reason)
+            if attempt == retries:
+                raise BatchAborted(
+                    f"{operation} of {what} was aborted {retries + 1} times, last by {reason}: "
+                    f"{str(exc).strip()}"
+                ) from exc
+            logger.warning(
+                "%s of %s aborted by %s, retrying (attempt %d of %d)",
+                operation, what, reason, attempt + 2, retries + 1,
+            )  # fmt: skip
+            time.sleep(min(0.05 * 2**attempt, 1.0))
+    raise AssertionError("unreachable")
+
+
 KeyRange = tuple[Any, Any]
 """``(low, high)``, both included; either may be None for an open end."""
 
@@ -66,6 +138,8 @@ class RecountResult:
     keys_fixed: int = 0
     batches: int = 0
     resumed: bool = False
+    busy_keys: int = 0
+    """Keys whose rows another transaction held during their batch: recounted at the end."""
 
 
 def _resolve(conn: psycopg.Connection[Any], counter: CounterSpec | str) -> CounterSpec:
@@ -132,9 +206,18 @@ def verify(
             stmt = _verify_column(spec, target, sample)
         else:
             stmt = _verify_named(spec, target, sample)
-        with conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(stmt)
-            rows = cur.fetchall()
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+
+            def run() -> list[tuple[Any, ...]]:
+                with conn.cursor(row_factory=tuple_row) as cur:
+                    cur.execute(stmt)
+                    return cur.fetchall()
+
+            rows = retrying(conn, "verify", spec.name, run)
+        else:  # inside the caller's transaction: one attempt, the caller decides
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(stmt)
+                rows = cur.fetchall()
     checked = 0
     mismatches: list[Mismatch] = []
     for key, actual, expected in rows:
@@ -222,6 +305,7 @@ def recount(
     key_range: KeyRange | None = None,
     progress: Progress | None = None,
     planned: Progress | None = None,
+    busy_attempts: int = BUSY_ATTEMPTS,
 ) -> RecountResult:
     """Set every value of a counter to the truth, in batches, while writes continue.
 
@@ -232,6 +316,8 @@ def recount(
     with the number of keys this run will go through (keys that appear
     meanwhile may add to it); ``progress`` with the number of keys done after
     each batch. The connection must not be in a transaction (each batch commits).
+    ``busy_attempts``: how many times a key whose row another transaction holds is
+    tried at the end (each waits up to ``BUSY_LOCK_TIMEOUT``) before :class:`BatchAborted`.
     """
     if (
         isinstance(batch_size, bool)
@@ -259,29 +345,76 @@ def recount(
             if planned is not None:
                 planned(len(known))
             batches = (known[i : i + batch_size] for i in range(0, len(known), batch_size))
+        busy: list[Any] = []
+        # the resume cursor never passes a key left busy: a run interrupted before
+        # the end does those keys again
+        floor: tuple[list[str] | None] | None = None
+        previous = cursor
         for keys in batches:
-            with conn.transaction():
-                if column:
-                    fixed = _recount_column(conn, spec, target, keys)
-                    last = [str(keys[-1])]
-                else:
-                    fixed = _recount_named(conn, spec, target, keys)
-                    last = list(keys[-1])
-                result.keys_done += len(keys)
-                result.keys_fixed += fixed
-                result.batches += 1
-                conn.execute(
-                    "UPDATE pgcounters.recounts SET cursor_key = %s, keys_done = keys_done + %s,"
-                    " keys_fixed = keys_fixed + %s, updated_at = now() WHERE name = %s",
-                    (last, len(keys), fixed, spec.name),
+            batch = list(keys)
+            if not column:
+                retrying(
+                    conn, "recount", spec.name, partial(_create_named_rows, conn, target, batch)
                 )
+            one_batch = partial(_one_batch, conn, spec, target, batch, column, previous, floor)
+            fixed, held, floor = retrying(conn, "recount", spec.name, one_batch)
+            previous = [str(batch[-1])] if column else list(batch[-1])
+            busy.extend(held)
+            result.keys_done += len(batch) - len(held)
+            result.keys_fixed += fixed
+            result.batches += 1
+            if progress is not None and len(batch) > len(held):
+                progress(len(batch) - len(held))
+        for key in busy:
+            # one key per transaction, waiting for its row alone (see the module's doc)
+            fixed = _recount_busy_key(conn, spec, target, key, column, busy_attempts)
+            result.keys_done += 1
+            result.keys_fixed += fixed
+            result.busy_keys += 1
             if progress is not None:
-                progress(len(keys))
+                progress(1)
         with conn.transaction():
             conn.execute(
                 "UPDATE pgcounters.recounts SET finished_at = now() WHERE name = %s", (spec.name,)
             )
     return result
+
+
+def _one_batch(
+    conn: psycopg.Connection[Any],
+    spec: CounterSpec,
+    target: int,
+    batch: Sequence[Any],
+    column: bool,
+    previous: list[str] | None,
+    floor: tuple[list[str] | None] | None,
+) -> tuple[int, list[Any], tuple[list[str] | None] | None]:
+    """One batch of a recount, in the caller's transaction.
+
+    Returns (rows fixed, keys left busy, the cursor floor): once a key is left busy,
+    the recorded cursor stays before it (``previous``: the cursor before this batch;
+    a cursor of None means from the start).
+    """
+    held: list[Any]
+    if column:
+        fixed, held = _recount_column(conn, spec, target, batch)
+        texts = [[str(k)] for k in batch]
+        held_texts = {str(k) for k in held}
+        first_held = next((i for i, k in enumerate(batch) if str(k) in held_texts), None)
+    else:
+        fixed, held = _recount_named(conn, spec, target, batch)
+        texts = [list(k) for k in batch]
+        held_keys = [list(k) for k in held]
+        first_held = next((i for i, k in enumerate(texts) if k in held_keys), None)
+    if floor is None and first_held is not None:
+        floor = (texts[first_held - 1] if first_held > 0 else previous,)
+    last = floor[0] if floor is not None else texts[-1]
+    conn.execute(
+        "UPDATE pgcounters.recounts SET cursor_key = %s, keys_done = keys_done + %s,"
+        " keys_fixed = keys_fixed + %s, updated_at = now() WHERE name = %s",
+        (last, len(batch) - len(held), fixed, spec.name),
+    )
+    return fixed, held, floor
 
 
 def _start(
@@ -370,21 +503,50 @@ def _column_batches(
 
 
 def _recount_column(
-    conn: psycopg.Connection[Any], spec: CounterSpec, target: int, keys: Sequence[Any]
-) -> int:
+    conn: psycopg.Connection[Any],
+    spec: CounterSpec,
+    target: int,
+    keys: Sequence[Any],
+    *,
+    wait: bool = False,
+) -> tuple[int, list[Any]]:
+    """Recount the parent rows of ``keys``; returns (rows fixed, keys whose rows were busy).
+
+    Rows are locked in key order without waiting (``wait``: waiting, for one key).
+    """
     t = spec.target
     assert isinstance(t, ColumnTarget)
     parent, k, c = t.table.identifier(), sql.Identifier(t.key_column), sql.Identifier(t.column)
     wanted = _typed_array(keys, t.key_type)
-    # 1. lock the counter rows, in key order
-    conn.execute(
-        sql.SQL("SELECT 1 FROM {p} WHERE {k} = ANY ({keys}) ORDER BY {k} FOR NO KEY UPDATE").format(
-            p=parent, k=k, keys=wanted
-        )
-    )
+    # 1. lock the counter rows, in key order, without waiting for a row another holds
+    locked = [
+        r[0]
+        for r in conn.execute(
+            sql.SQL(
+                "SELECT {k} FROM {p} WHERE {k} = ANY ({keys}) ORDER BY {k} FOR NO KEY UPDATE{skip}"
+            ).format(p=parent, k=k, keys=wanted, skip=sql.SQL("" if wait else " SKIP LOCKED"))
+        ).fetchall()
+    ]
+    held: list[Any] = []
+    if len(locked) < len(keys):
+        # rows not locked: busy, or deleted since the keys were listed (nothing to do)
+        taken = set(locked)
+        missing = [key for key in keys if key not in taken]
+        held = [
+            r[0]
+            for r in conn.execute(
+                sql.SQL("SELECT {k} FROM {p} WHERE {k} = ANY ({keys}) ORDER BY {k}").format(
+                    p=parent, k=k, keys=_typed_array(missing, t.key_type)
+                )
+            ).fetchall()
+        ]
+    if not locked:
+        return 0, held
+    mine = _typed_array(locked, t.key_type)
     # 2. truth and pending from one snapshot: stored = truth - pending
-    truth = truth_query(spec, sql.SQL("{} = ANY ({})").format(_key_expr(spec), wanted))
-    text_keys = sql.SQL("SELECT ARRAY[u::text] FROM unnest({}) AS u").format(wanted)
+    truth = truth_query(spec, sql.SQL("{} = ANY ({})").format(_key_expr(spec), mine))
+    text_keys = sql.SQL("SELECT ARRAY[u::text] FROM unnest({}) AS u").format(mine)
+    conn.execute(APPLYING_ON)
     cur = conn.execute(
         sql.SQL(
             "WITH truth AS ({truth}), pending AS ({pending}),"
@@ -401,10 +563,43 @@ def _recount_column(
             k=k,
             c=c,
             p=parent,
-            keys=wanted,
+            keys=mine,
         )
     )
-    return max(cur.rowcount, 0)
+    fixed = max(cur.rowcount, 0)
+    conn.execute(APPLYING_OFF)
+    return fixed, held
+
+
+# the counter-column writes of pgcounters say so, for a guard on the table to tell them
+# from other writers (transaction-local)
+APPLYING_ON = "SELECT set_config('pgcounters.applying', 'on', true)"
+APPLYING_OFF = "SELECT set_config('pgcounters.applying', '', true)"
+
+
+def _recount_busy_key(
+    conn: psycopg.Connection[Any],
+    spec: CounterSpec,
+    target: int,
+    key: Any,
+    column: bool,
+    attempts: int,
+) -> int:
+    """Recount one key whose row was busy: its own transaction waits for that row alone,
+    with a lock_timeout below deadlock_timeout; retried while the row stays busy."""
+    what = f"{spec.name} key {key!r}"
+
+    def attempt() -> int:
+        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(BUSY_LOCK_TIMEOUT)))
+        if column:
+            fixed, _ = _recount_column(conn, spec, target, [key], wait=True)
+        else:
+            fixed, _ = _recount_named(conn, spec, target, [key], wait=True)
+        return fixed
+
+    if not column:
+        retrying(conn, "recount", what, partial(_create_named_rows, conn, target, [key]))
+    return retrying(conn, "recount", what, attempt, retries=max(attempts - 1, 0))
 
 
 def _named_keys(
@@ -454,29 +649,54 @@ def _in_range(spec: CounterSpec, part: str, key_range: KeyRange) -> bool:
     return bool(above and below)
 
 
-def _recount_named(
-    conn: psycopg.Connection[Any], spec: CounterSpec, target: int, keys: Sequence[Sequence[str]]
-) -> int:
-    batch = _text_keys(keys)
-    tid = sql.Literal(target)
-    # 1. every key gets a row, then the rows are locked in key order
+def _create_named_rows(
+    conn: psycopg.Connection[Any], target: int, keys: Sequence[Sequence[str]]
+) -> None:
+    """Every key gets a row in ``pgcounters.counters`` (in a transaction of its own: an
+    insert may wait for another transaction inserting the same key, and must hold
+    nothing else while it does)."""
     conn.execute(
         sql.SQL(
             "INSERT INTO pgcounters.counters (target_id, key, value)"
-            " SELECT {t}, b.key, 0 FROM ({batch}) AS b(key) ORDER BY 2"
+            " SELECT {t}, b.key, 0 FROM ({batch}) AS b(key)"
+            # rows that exist are left out by a plain read: ON CONFLICT would wait for a
+            # transaction that holds one
+            " WHERE NOT EXISTS (SELECT 1 FROM pgcounters.counters AS c"
+            " WHERE c.target_id = {t} AND c.key = b.key) ORDER BY 2"
             " ON CONFLICT (target_id, key) DO NOTHING"
-        ).format(t=tid, batch=batch)
+        ).format(t=sql.Literal(target), batch=_text_keys(keys))
     )
-    conn.execute(
-        sql.SQL(
-            "SELECT 1 FROM pgcounters.counters WHERE target_id = {t} AND key IN ({batch})"
-            " ORDER BY key FOR UPDATE"
-        ).format(t=tid, batch=batch)
-    )
+
+
+def _recount_named(
+    conn: psycopg.Connection[Any],
+    spec: CounterSpec,
+    target: int,
+    keys: Sequence[Sequence[str]],
+    *,
+    wait: bool = False,
+) -> tuple[int, list[list[str]]]:
+    """Recount named keys whose rows exist; returns (rows fixed, keys whose rows were busy)."""
+    tid = sql.Literal(target)
+    # 1. lock the rows in key order, without waiting for a row another holds
+    locked = [
+        list(r[0])
+        for r in conn.execute(
+            sql.SQL(
+                "SELECT key FROM pgcounters.counters WHERE target_id = {t} AND key IN ({batch})"
+                " ORDER BY key FOR UPDATE{skip}"
+            ).format(t=tid, batch=_text_keys(keys), skip=sql.SQL("" if wait else " SKIP LOCKED"))
+        ).fetchall()
+    ]
+    taken = {tuple(k) for k in locked}
+    held = [list(k) for k in keys if tuple(k) not in taken]
+    if not locked:
+        return 0, held
+    batch = _text_keys(locked)
     # 2. truth and pending from one snapshot: stored = truth - pending
     extra = None
     if spec.keys:
-        firsts = sorted({key[0] for key in keys})
+        firsts = sorted({key[0] for key in locked})
         extra = sql.SQL("{} = ANY ({})").format(
             _key_expr(spec), _typed_array(firsts, spec.key_types[0])
         )
@@ -495,4 +715,4 @@ def _recount_named(
             t=tid,
         )
     )
-    return max(cur.rowcount, 0)
+    return max(cur.rowcount, 0), held

@@ -134,6 +134,10 @@ class WorkerStats:
     wakeups: int = 0
     reconnects: int = 0
     errors: int = 0
+    quarantined: int = 0
+    """Deltas set aside because they could not be applied."""
+    busy: int = 0
+    """Times a queued delta was left for later because its parent row was busy."""
     batch_size: int = 0
     started_at: float = field(default_factory=time.time)
     last_batch_at: float | None = None
@@ -347,19 +351,34 @@ class Worker:
         for unlogged in (False, True):
             if self._stop.is_set():
                 break
-            deltas, keys = pc.drain_batch(self._batch_size, unlogged=unlogged)
-            got += deltas
-            full = full or deltas >= self._batch_size
+            batch = pc.drain_queue_batch(self._batch_size, unlogged=unlogged)
+            deltas = batch.deltas + batch.quarantined
+            # deltas left busy with more queued ahead of them: go on at once
+            got += deltas + (batch.busy if batch.ahead else 0)
+            full = full or deltas + batch.busy >= self._batch_size
+            queue = "unlogged" if unlogged else "logged"
             if deltas:
                 with self._lock:
                     st = self._stats
                     st.batches += 1
-                    st.deltas += deltas
-                    st.keys += keys
+                    st.deltas += batch.deltas
+                    st.keys += batch.keys
+                    st.quarantined += batch.quarantined
                     st.last_batch_at = time.time()
                 logger.debug(
-                    "applied %d deltas to %d keys (%s queue)",
-                    deltas, keys, "unlogged" if unlogged else "logged",
+                    "applied %d deltas to %d keys (%s queue)", batch.deltas, batch.keys, queue
+                )
+            if batch.busy:
+                with self._lock:
+                    self._stats.busy += batch.busy
+                logger.debug(
+                    "%d deltas left queued: their parent rows are held by other transactions "
+                    "(%s queue)", batch.busy, queue,
+                )  # fmt: skip
+            if batch.quarantined:
+                logger.warning(
+                    "%d deltas could not be applied and were set aside (%s queue): "
+                    "see `pgcounters quarantine list`", batch.quarantined, queue,
                 )  # fmt: skip
         with self._lock:
             self._stats.rounds += 1

@@ -116,6 +116,13 @@ SELECT x.{key_column}::text, x.{column}
 -- name: drain_batch
 SELECT deltas, keys FROM pgcounters.drain_batch(%(limit)s, %(unlogged)s);
 
+-- name: drain_queue
+SELECT deltas, keys, busy, quarantined, ahead
+  FROM pgcounters.drain_queue(%(limit)s, %(unlogged)s);
+
+-- name: record_retry
+SELECT pgcounters.record_retry(%s, %s);
+
 -- name: pending_counts
 SELECT (SELECT count(*) FROM pgcounters.queue), (SELECT count(*) FROM pgcounters.queue_unlogged);
 

@@ -1,0 +1,148 @@
+"""The drain beside application transactions: it never waits on a parent row an
+application holds, so it cannot be a party to a deadlock; deltas of a busy row stay
+queued (exact reads stay exact) and are applied once the row is free."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcounters import Counters
+from pgcounters.client import BatchResult, Mode
+from pgcounters.worker import Worker, WorkerSettings
+from support import wait_for
+
+
+def lock_waiters(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def deadlocks(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def articles(conn: psycopg.Connection[Any], pc: Counters, mode: Mode = "queued") -> int:
+    conn.execute(
+        "CREATE TABLE blog_article (id bigint PRIMARY KEY, body text NOT NULL DEFAULT '',"
+        " comments bigint NOT NULL DEFAULT 0);"
+        " INSERT INTO blog_article (id) SELECT generate_series(1, 5)"
+    )
+    return pc.create_column_counter("article.comments", "blog_article", "comments", mode=mode).id
+
+
+def comments(conn: psycopg.Connection[Any]) -> dict[int, int]:
+    return dict(conn.execute("SELECT id, comments FROM blog_article ORDER BY id").fetchall())
+
+
+@pytest.mark.parametrize("mode", ["queued", "unlogged"])
+def test_a_drain_beside_an_application_locking_two_rows_in_any_order_never_deadlocks(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters, mode: Mode
+) -> None:
+    """The application updates article 2, the drain applies deltas of 1 and 2, then the
+    application updates article 1. The drain used to lock 1, wait for 2, and the
+    application's second UPDATE closed the cycle: DeadlockDetected."""
+    articles(conn, pc, mode)
+    pc.incr("article.comments", 1)
+    pc.incr("article.comments", 2)
+    before = deadlocks(conn)
+    app = psycopg.connect(dsn)
+    app.execute("UPDATE blog_article SET body = 'featured' WHERE id = 2")
+    outcome: list[object] = []
+
+    def drain() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            try:
+                outcome.append(Counters(c).drain_queue_batch(100, unlogged=mode == "unlogged"))
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    # either the drain is done, or it waits on the application's row (the old drain)
+    wait_for(lambda: bool(outcome) or lock_waiters(conn) == 1)
+    try:
+        app.execute("UPDATE blog_article SET body = '' WHERE id = 1")
+        app.commit()
+    finally:
+        app.close()
+        thread.join(timeout=30)
+    assert outcome == [BatchResult(deltas=1, keys=1, busy=1, quarantined=0, ahead=False)]
+    assert deadlocks(conn) == before
+    # the busy row's delta stayed queued: exact reads counted it all along
+    assert pc.get("article.comments", 2) == 1
+    assert comments(conn)[2] == 0
+    assert pc.drain().deltas == 1
+    assert comments(conn) == {1: 1, 2: 1, 3: 0, 4: 0, 5: 0}
+    assert pc.pending() == (0, 0)
+
+
+def test_a_busy_row_does_not_stop_the_drain_of_others_nor_lose_its_age(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    articles(conn, pc)
+    conn.execute(
+        "INSERT INTO pgcounters.queue (target_id, key, delta, created_at)"
+        " SELECT t.id, ARRAY[(g % 5 + 1)::text]::text, 1, now() - interval '1 hour'"
+        " FROM pgcounters.targets t, generate_series(1, 100) g"
+    )
+    app = psycopg.connect(dsn)
+    try:
+        app.execute("SELECT 1 FROM blog_article WHERE id = 3 FOR UPDATE")
+        result = pc.drain(batch_size=7)  # many batches; the busy row's deltas go round
+        assert result.deltas == 80
+        assert result.busy > 0  # queued rows the last batch left (folded per key as they go)
+        assert comments(conn) == {1: 20, 2: 20, 3: 0, 4: 20, 5: 20}
+        # left as one delta, as old as the oldest of the twenty
+        rows = conn.execute(
+            "SELECT key, delta, created_at < now() - interval '59 minutes' FROM pgcounters.queue"
+        ).fetchall()
+        assert rows == [("{3}", 20, True)]
+        assert pc.get("article.comments", 3) == 20
+    finally:
+        app.commit()
+        app.close()
+    assert pc.drain().deltas >= 1  # the twenty, folded into fewer queued rows
+    assert comments(conn)[3] == 20
+
+
+def test_a_row_held_busy_by_the_application_is_applied_by_the_worker_once_free(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    """No starvation: while the application holds article 3, the worker applies every
+    other delta and keeps article 3's queued; once the application commits, the worker
+    applies them. The lag after the release is measured (printed, not asserted: the
+    machine is shared)."""
+    articles(conn, pc)
+    app = psycopg.connect(dsn)
+    app.execute("UPDATE blog_article SET body = 'held' WHERE id = 3")
+    worker = Worker(dsn, WorkerSettings(batch_size=50, min_interval=0.01, max_interval=0.2))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        for i in range(200):
+            pc.incr("article.comments", i % 5 + 1)
+        wait_for(lambda: comments(conn) == {1: 40, 2: 40, 3: 0, 4: 40, 5: 40})
+        assert pc.get("article.comments", 3) == 40  # exact all along
+        assert lock_waiters(conn) == 0  # the worker waits for nobody
+        released = time.monotonic()
+        app.commit()
+        wait_for(lambda: comments(conn)[3] == 40)
+        lag = time.monotonic() - released
+        print(f"busy row applied {lag * 1000:.0f} ms after its release")
+    finally:
+        app.close()
+        worker.stop()
+        thread.join(timeout=30)
+    assert pc.pending() == (0, 0)
+    assert worker.get_stats().errors == 0

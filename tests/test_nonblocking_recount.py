@@ -1,0 +1,206 @@
+"""Recount and verify beside the application: rows another transaction holds are skipped
+and recounted at the end (never waited for while holding others), batches PostgreSQL
+aborts are retried with a WARNING, and a recount that cannot finish says so in one line."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+import blog_schema
+from pgcounters import BatchAborted, cli
+from pgcounters.recount import RecountResult, recount, verify
+from pgcounters.triggers import install
+from support import wait_for
+
+SPEC = "blog.article.public_comments"
+
+
+def lock_waiters(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def deadlocks(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def retries(conn: psycopg.Connection[Any], operation: str) -> int:
+    row = conn.execute(
+        "SELECT coalesce(sum(retries), 0) FROM pgcounters.retries WHERE operation = %s",
+        (operation,),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.fixture
+def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    blog_schema.create(conn, users=2, articles=5)
+    for spec in blog_schema.specs("queued"):
+        install(conn, [spec])
+    conn.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status)"
+        " SELECT 1 + g % 5, 1 + g % 2, 'public' FROM generate_series(1, 50) g"
+    )
+    # wrong stored values, for the recount to repair
+    conn.execute("UPDATE blog_article SET public_comments = 1000 + id")
+    return conn
+
+
+def test_a_recount_beside_an_application_holding_parent_rows_never_deadlocks(
+    dsn: str, blog: psycopg.Connection[Any]
+) -> None:
+    """The application updates article 3, the recount goes through articles 1-5, then the
+    application updates article 1. The recount used to hold 1 and 2 while it waited for 3:
+    the second UPDATE closed the cycle."""
+    before = deadlocks(blog)
+    app = psycopg.connect(dsn)
+    app.execute("UPDATE blog_article SET title = 'featured' WHERE id = 3")
+    outcome: list[object] = []
+
+    def run() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            try:
+                outcome.append(recount(c, SPEC, batch_size=10))
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: lock_waiters(blog) == 1)  # the recount waits for article 3
+        app.execute("UPDATE blog_article SET title = '' WHERE id = 1")
+        app.commit()
+    finally:
+        app.close()
+        thread.join(timeout=60)
+    assert len(outcome) == 1
+    result = outcome[0]
+    assert isinstance(result, RecountResult), result
+    assert (result.keys_done, result.keys_fixed, result.busy_keys) == (5, 5, 1)
+    assert deadlocks(blog) == before
+    assert verify(blog, SPEC).ok
+
+
+def test_a_named_recount_skips_rows_a_direct_writer_holds(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    blog_schema.create(conn, users=1, articles=3)
+    spec = next(s for s in blog_schema.specs("direct") if s.name == "blog.comments_per_article_day")
+    install(conn, [spec])
+    conn.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status)"
+        " SELECT 1 + g % 3, 1, 'public' FROM generate_series(1, 30) g"
+    )
+    conn.execute("UPDATE pgcounters.counters SET value = value + 7")
+    app = psycopg.connect(dsn)
+    # a direct counter's writer: its transaction holds the row of article 2's key
+    app.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status) VALUES (2, 1, 'public')"
+    )
+    outcome: list[object] = []
+
+    def run() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            outcome.append(recount(c, spec.name, batch_size=10))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: lock_waiters(conn) == 1)
+        app.commit()
+    finally:
+        app.close()
+        thread.join(timeout=60)
+    result = outcome[0]
+    assert isinstance(result, RecountResult)
+    assert (result.keys_done, result.busy_keys) == (3, 1)
+    assert verify(conn, spec.name).ok
+
+
+def test_an_aborted_batch_is_retried_with_a_warning_and_counted(
+    dsn: str, blog: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch that PostgreSQL cancels (here: lock_timeout while an operator holds the
+    counted table) is retried until it gets through."""
+    holder = psycopg.connect(dsn)
+    holder.execute("LOCK TABLE blog_comment IN ACCESS EXCLUSIVE MODE")
+    outcome: list[object] = []
+
+    def run() -> None:
+        with psycopg.connect(dsn, autocommit=True, options="-c lock_timeout=100") as c:
+            try:
+                outcome.append(recount(c, SPEC, batch_size=10))
+            except Exception as exc:  # the test reports it below
+                outcome.append(exc)
+
+    caplog.set_level(logging.WARNING, logger="pgcounters.recount")
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: retries(blog, "recount") >= 1)
+    finally:
+        holder.rollback()
+        holder.close()
+        thread.join(timeout=60)
+    assert isinstance(outcome[0], RecountResult), outcome
+    assert verify(blog, SPEC).ok
+    warnings = [r.getMessage() for r in caplog.records if r.name == "pgcounters.recount"]
+    assert warnings
+    assert all("aborted by lock timeout, retrying" in w for w in warnings)
+
+
+def test_verify_retries_a_cancelled_statement(
+    dsn: str, blog: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    recount(blog, SPEC)
+    holder = psycopg.connect(dsn)
+    holder.execute("LOCK TABLE blog_comment IN ACCESS EXCLUSIVE MODE")
+    outcome: list[object] = []
+
+    def run() -> None:
+        with psycopg.connect(dsn, autocommit=True, options="-c lock_timeout=100") as c:
+            outcome.append(verify(c, SPEC))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: retries(blog, "verify") >= 1)
+    finally:
+        holder.rollback()
+        holder.close()
+        thread.join(timeout=60)
+    assert [getattr(r, "ok", r) for r in outcome] == [True]
+
+
+def test_a_recount_that_cannot_get_through_stops_with_one_line_and_exit_1(
+    dsn: str, blog: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    holder = psycopg.connect(dsn)
+    holder.execute("LOCK TABLE blog_comment IN ACCESS EXCLUSIVE MODE")
+    try:
+        with (
+            psycopg.connect(dsn, autocommit=True, options="-c lock_timeout=50") as c,
+            pytest.raises(BatchAborted, match="aborted 6 times, last by lock timeout"),
+        ):
+            recount(c, SPEC)
+        slow = dsn + " options='-c lock_timeout=50'"
+        code = cli.run(["--dsn", slow, "recount", SPEC, "--no-progress"])
+    finally:
+        holder.rollback()
+        holder.close()
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_ERROR
+    lines = [line for line in err.splitlines() if line.startswith("pgcounters: error:")]
+    assert len(lines) == 1
+    assert "Traceback" not in err

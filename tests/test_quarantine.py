@@ -1,0 +1,145 @@
+"""No delta can stop the drain of another: what cannot be applied is set aside in
+``pgcounters.quarantine`` with its error, listed, replayed after a fix or discarded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcounters import Counters
+from pgcounters.dberrors import translated
+from pgcounters.errors import InvalidKey
+from pgcounters.keys import BIGINT_MAX
+
+ENQUEUE = "INSERT INTO pgcounters.{} (target_id, key, delta) VALUES (%s, %s, %s)"
+
+
+def quarantined(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT counter, key, delta, unlogged, sqlstate FROM pgcounters.quarantine ORDER BY id"
+    ).fetchall()
+
+
+@pytest.mark.parametrize("mode", ["queued", "unlogged"])
+def test_an_overflowing_counter_is_set_aside_and_the_others_drain(
+    conn: psycopg.Connection[Any], pc: Counters, mode: str
+) -> None:
+    """incr('a', 1, 2**63-1) twice, then incr('b', 7, 1): the drain used to raise
+    CounterOverflow for ever, and b was never stored."""
+    pc.create_counter("a", key=int, mode=mode)  # type: ignore[arg-type]
+    pc.create_counter("b", key=int, mode=mode)  # type: ignore[arg-type]
+    pc.incr("a", 1, BIGINT_MAX)
+    pc.incr("a", 1, BIGINT_MAX)
+    pc.incr("b", 7, 1)
+    result = pc.drain()
+    assert (result.deltas, result.quarantined) == (1, 2)
+    assert pc.get("b", 7, exact=False) == 1
+    unlogged = mode == "unlogged"
+    assert quarantined(conn) == [
+        ("a", "{1}", BIGINT_MAX, unlogged, "22003"),
+        ("a", "{1}", BIGINT_MAX, unlogged, "22003"),
+    ]
+    assert pc.pending() == (0, 0)
+    pc.incr("b", 7, 1)
+    assert pc.drain().deltas == 1  # nothing is stuck any more
+    assert pc.get("b", 7) == 2
+
+
+def test_a_column_key_that_does_not_cast_is_set_aside(
+    conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    """A key 'abc' for a bigint-keyed column counter used to fail every drain with
+    InvalidTextRepresentation."""
+    conn.execute(
+        "CREATE TABLE article (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0);"
+        " INSERT INTO article VALUES (1), (2)"
+    )
+    col = pc.create_column_counter("col_counter", "article", "n").id
+    pc.create_counter("other")
+    conn.execute(ENQUEUE.format("queue"), (col, "{abc}", 1))
+    conn.execute(ENQUEUE.format("queue"), (col, "{2}", 5))
+    pc.incr("other")
+    result = pc.drain()
+    assert (result.deltas, result.quarantined) == (2, 1)
+    assert conn.execute("SELECT id, n FROM article ORDER BY id").fetchall() == [(1, 0), (2, 5)]
+    assert pc.get("other") == 1
+    assert quarantined(conn) == [("col_counter", "{abc}", 1, False, "22P02")]
+    # the SQL entry point now refuses such a key at once
+    with pytest.raises(InvalidKey, match="not a valid bigint"), translated():
+        conn.execute("SELECT pgcounters.incr('col_counter', ARRAY['abc'], 1)")
+
+
+def test_malformed_keys_and_unknown_counters_are_set_aside(
+    conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    n = pc.create_counter("n", key=int).id
+    pc.create_counter("g")
+    conn.execute(ENQUEUE.format("queue_unlogged"), (n, "{1", 1))  # not an array
+    conn.execute(ENQUEUE.format("queue_unlogged"), (n, "{1,2}", 1))  # two parts, not one
+    conn.execute(ENQUEUE.format("queue_unlogged"), (987654, "{}", 4))  # no such counter
+    conn.execute(ENQUEUE.format("queue_unlogged"), (n, "{3}", 1))
+    pc.incr("g")
+    result = pc.drain()
+    assert (result.deltas, result.quarantined) == (2, 3)
+    assert pc.get("n", 3) == 1
+    assert pc.get("g") == 1
+    assert sorted(quarantined(conn), key=str) == sorted(
+        [
+            ("n", "{1", 1, True, "22P02"),
+            ("n", "{1,2}", 1, True, "PC004"),
+            (None, "{}", 4, True, "PC003"),
+        ],
+        key=str,
+    )
+
+
+def test_a_fixed_cause_is_replayed_and_a_hopeless_delta_discarded(
+    conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    conn.execute(
+        "CREATE TABLE article (id bigint PRIMARY KEY, n integer NOT NULL DEFAULT 0);"
+        " INSERT INTO article VALUES (1), (2)"
+    )
+    pc.create_column_counter("article.n", "article", "n")
+    pc.incr("article.n", 1, 3_000_000_000)  # too big for the integer column
+    pc.incr("article.n", 2, 1)
+    assert pc.drain().quarantined == 1
+    assert conn.execute("SELECT id, n FROM article ORDER BY id").fetchall() == [(1, 0), (2, 1)]
+    # the fix: a bigint column; then the replay applies the delta
+    conn.execute("ALTER TABLE article ALTER COLUMN n TYPE bigint")
+    assert conn.execute("SELECT pgcounters.replay_quarantined()").fetchone() == (1,)
+    assert pc.drain().deltas == 1
+    assert conn.execute("SELECT id, n FROM article ORDER BY id").fetchall() == [
+        (1, 3_000_000_000),
+        (2, 1),
+    ]
+    conn.execute(ENQUEUE.format("queue"), (424242, "{}", 1))
+    assert pc.drain().quarantined == 1
+    assert conn.execute("SELECT pgcounters.discard_quarantined(NULL, NULL)").fetchone() == (1,)
+    assert quarantined(conn) == []
+
+
+def test_increments_of_a_long_lived_client_to_a_dropped_and_recreated_counter_are_kept(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    """A client that cached the counter's id keeps writing to it after another program
+    dropped and re-created the counter: the deltas used to vanish in the drain. They are
+    set aside under the counter's name, and a replay by name sends them to the counter
+    of that name now."""
+    pc.create_counter("visits")
+    with psycopg.connect(dsn, autocommit=True) as other:
+        long_lived = Counters(other)
+        long_lived.incr("visits")  # caches the id
+        pc.drop_counter("visits")
+        pc.create_counter("visits")
+        for _ in range(5):
+            long_lived.incr("visits")
+    pc.incr("visits", None, 7)
+    result = pc.drain()
+    assert (result.deltas, result.quarantined) == (1, 5)
+    assert [row[:3] for row in quarantined(conn)] == [("visits", "{}", 1)] * 5
+    assert conn.execute("SELECT pgcounters.replay_quarantined(NULL, 'visits')").fetchone() == (5,)
+    pc.drain()
+    assert pc.get("visits") == 12

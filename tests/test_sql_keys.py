@@ -1,0 +1,116 @@
+"""The SQL entry points check and canonicalise keys as the Python client does: each part
+is cast to the counter's key type and stored in its canonical text, or refused."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcounters import Counters
+from pgcounters.dberrors import translated
+from pgcounters.errors import InvalidKey
+
+U = uuid.UUID("6f1c2b7e-8a9d-4c3b-9e2f-0a1b2c3d4e5f")
+
+
+def sql_incr(conn: psycopg.Connection[Any], name: str, key: list[str], delta: int = 1) -> None:
+    with translated():
+        conn.execute("SELECT pgcounters.incr(%s, %s::text[], %s)", (name, key, delta))
+
+
+@pytest.mark.parametrize("mode", ["queued", "unlogged", "direct"])
+def test_spellings_of_one_key_make_one_key(
+    conn: psycopg.Connection[Any], pc: Counters, mode: str
+) -> None:
+    pc.create_counter("k", key=(int, uuid.UUID, dt.date), mode=mode)  # type: ignore[arg-type]
+    spellings = [
+        ["7", str(U), "2026-01-05"],
+        ["+7", str(U).upper(), "2026-1-5"],
+        ["007", "{" + U.hex + "}", " 2026-01-5 "],
+        [" 7 ", U.hex.upper(), "2026-01-05"],
+    ]
+    for key in spellings:
+        sql_incr(conn, "k", key)
+    pc.drain()
+    assert pc.top("k") == [((7, U, dt.date(2026, 1, 5)), 4)]
+    row = conn.execute("SELECT pgcounters.get('k', ARRAY['+07', %s, '2026-1-05'])", (U.hex,))
+    assert row.fetchone() == (4,)
+
+
+def test_the_canonical_date_does_not_depend_on_datestyle(
+    conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    pc.create_counter("d", key=dt.date)
+    conn.execute("SET DateStyle = 'SQL, DMY'")
+    sql_incr(conn, "d", ["2026-11-21"])
+    conn.execute("RESET DateStyle")
+    assert conn.execute("SELECT key FROM pgcounters.queue").fetchone() == ("{2026-11-21}",)
+    pc.drain()
+    assert pc.get("d", dt.date(2026, 11, 21)) == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        (["abc"], "not a valid bigint"),
+        (["1.5"], "not a valid bigint"),
+        (["99999999999999999999"], "out of the bigint range"),
+        (["7", "8"], "takes a key of"),
+        ([], "takes a key of"),
+    ],
+)
+def test_bad_bigint_keys_are_refused(
+    conn: psycopg.Connection[Any], pc: Counters, key: list[str], message: str
+) -> None:
+    pc.create_counter("n", key=int)
+    with pytest.raises(InvalidKey, match=message):
+        sql_incr(conn, "n", key)
+    assert pc.pending() == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("types", "key", "message"),
+    [
+        (uuid.UUID, ["not-a-uuid"], "not a valid uuid"),
+        (dt.date, ["2026-02-30"], "not a valid date"),
+        (dt.date, ["05/01/2026"], "not a valid date"),
+        (dt.date, ["infinity"], "not a valid date"),
+        (str, ["x" * 1001], "at most 1000"),
+    ],
+)
+def test_bad_keys_of_other_types_are_refused(
+    conn: psycopg.Connection[Any], pc: Counters, types: object, key: list[str], message: str
+) -> None:
+    pc.create_counter("c", key=types)
+    with pytest.raises(InvalidKey, match=message):
+        sql_incr(conn, "c", key)
+
+
+def test_a_bigint_keyed_column_counter_refuses_a_text_key_from_sql(
+    conn: psycopg.Connection[Any], pc: Counters
+) -> None:
+    conn.execute("CREATE TABLE p (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
+    conn.execute("INSERT INTO p VALUES (7)")
+    pc.create_column_counter("p.n", "p", "n")
+    with pytest.raises(InvalidKey, match="not a valid bigint"):
+        sql_incr(conn, "p.n", ["abc"])
+    sql_incr(conn, "p.n", ["+007"])
+    assert conn.execute("SELECT key FROM pgcounters.queue").fetchone() == ("{7}",)
+    pc.drain()
+    assert conn.execute("SELECT n FROM p").fetchone() == (1,)
+
+
+def test_add_direct_canonicalises_and_refuses(conn: psycopg.Connection[Any], pc: Counters) -> None:
+    t = pc.create_counter("dd", key=int, mode="direct").id
+    with translated():
+        conn.execute("SELECT pgcounters.add_direct(%s, %s, %s)", ([t, t], ["{+3}", "{03}"], [1, 2]))
+        conn.execute("SELECT pgcounters.add_direct(%s, %s, %s)", ([t], ["{3}"], [4]))
+    assert conn.execute("SELECT key, value FROM pgcounters.counters").fetchall() == [(["3"], 7)]
+    with pytest.raises(InvalidKey), translated():
+        conn.execute("SELECT pgcounters.add_direct(%s, %s, %s)", ([t], ["{x}"], [1]))
+    with pytest.raises(InvalidKey), translated():
+        conn.execute("SELECT pgcounters.add_direct(%s, %s, %s)", ([t], ["{3"], [1]))
