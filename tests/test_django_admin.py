@@ -184,3 +184,22 @@ def test_manage_py_verify_and_recount(capsys: pytest.CaptureFixture[str]) -> Non
     call_command("pgcounters", "verify", ARTICLE_COMMENTS)
     articles[1].refresh_from_db()
     assert articles[1].public_comments == 1
+
+
+def test_the_queue_status_page_shows_what_the_drain_set_aside(admin_client: Client) -> None:
+    with psycopg_connection() as conn:
+        pc = Counters(conn)
+        pc.drain()
+        with conn.cursor() as cur:
+            cur.execute(
+                "INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, '{oops', 1)",
+                [pc.counter(VIEWS).id],
+            )
+        assert pc.drain().quarantined == 1
+    try:
+        html = admin_client.get(STATUS_URL).content.decode()
+        assert "quarantine: 1 deltas set aside" in html
+        assert f"{VIEWS}  1 deltas  [22P02]" in html
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DELETE FROM pgcounters.quarantine")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -143,3 +144,63 @@ def test_increments_of_a_long_lived_client_to_a_dropped_and_recreated_counter_ar
     assert conn.execute("SELECT pgcounters.replay_quarantined(NULL, 'visits')").fetchone() == (5,)
     pc.drain()
     assert pc.get("visits") == 12
+
+
+def test_status_prometheus_and_the_cli_show_list_replay_and_discard(
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pgcounters import cli, status
+
+    conn.execute(
+        "CREATE TABLE article (id bigint PRIMARY KEY, n integer NOT NULL DEFAULT 0);"
+        " INSERT INTO article VALUES (1)"
+    )
+    pc.create_column_counter("article.n", "article", "n")
+    pc.incr("article.n", 1, 3_000_000_000)
+    pc.incr("article.n", 1, 4_000_000_000)
+    conn.execute(ENQUEUE.format("queue"), (424242, "{}", 1))
+    pc.drain()
+    snapshot = status.get_status(conn)
+    text = status.text(snapshot)
+    assert "quarantine: 3 deltas set aside" in text
+    assert "article.n  2 deltas  [22003]" in text
+    families = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(status.prometheus(snapshot))
+        for s in f.samples
+    }
+    assert (
+        families[
+            ("pgcounters_quarantined_deltas", (("counter", "article.n"), ("sqlstate", "22003")))
+        ]
+        == 2
+    )
+    assert families[("pgcounters_quarantined_deltas_total", (("queue", "logged"),))] == 3
+    as_json = json.loads(status.to_json(snapshot))
+    assert as_json["reliability"]["quarantined_deltas"] == 3
+
+    assert cli.run(["--dsn", dsn, "quarantine", "list"]) == cli.EXIT_OK
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 3
+    assert "article.n  key {1}  delta 3000000000" in listed[0]
+    assert "#424242" in listed[2]
+    assert cli.run(["--dsn", dsn, "quarantine", "list", "--json", "--counter", "article.n"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["delta"] for r in rows] == [3_000_000_000, 4_000_000_000]
+    # usage: replay needs a choice
+    with pytest.raises(SystemExit) as usage:
+        cli.run(["--dsn", dsn, "quarantine", "replay"])
+    assert usage.value.code == 2
+    conn.execute("ALTER TABLE article ALTER COLUMN n TYPE bigint")
+    assert cli.run(["--dsn", dsn, "quarantine", "replay", "--counter", "article.n"]) == 0
+    assert "2 deltas moved back" in capsys.readouterr().out
+    assert pc.drain().deltas == 2
+    assert conn.execute("SELECT n FROM article").fetchone() == (7_000_000_000,)
+    ident = conn.execute("SELECT id FROM pgcounters.quarantine").fetchone()
+    assert ident is not None
+    assert cli.run(["--dsn", dsn, "quarantine", "discard", "--id", str(ident[0])]) == 0
+    assert cli.run(["--dsn", dsn, "quarantine", "discard", "--all"]) == cli.EXIT_ERROR
+    assert "0 deltas discarded" in capsys.readouterr().out
+    assert "quarantine: empty" in status.text(status.get_status(conn))

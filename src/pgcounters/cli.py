@@ -367,6 +367,7 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     )
 
     _add_quota_commands(sub)
+    _add_quarantine_commands(sub)
     _add_operations(add)
     _add_repair(add)
     _add_security(add)
@@ -706,16 +707,25 @@ def _add_quota_commands(sub: Any) -> None:
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
+def configure_worker_logging(level: str) -> None:
+    """Log to stderr at ``level``, unless the program already configured the ``pgcounters``
+    logger (Django's LOGGING, for ``manage.py pgcounters worker``): a handler added to the
+    root logger as well would print each line twice."""
     import logging
 
-    from pgcounters.worker import GracefulSignals, Worker, WorkerSettings
-
+    if logging.getLogger("pgcounters").handlers:
+        return
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters.worker import GracefulSignals, Worker, WorkerSettings
+
+    configure_worker_logging(args.log_level)
     settings = WorkerSettings(
         batch_size=args.batch_size,
         min_interval=args.min_interval,
@@ -1062,3 +1072,90 @@ def _add_security(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -
         "--revoke", action="append", metavar="ROLE", help="take back rights on pgcounters objects"
     )
     p.add_argument("--quiet", "-q", action="store_true", help="do not print the statements")
+
+
+# -- the quarantine ------------------------------------------------------------------
+
+
+def _cmd_quarantine_list(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters.quarantine import list_quarantined
+
+    with connect(dsn) as conn:
+        found = list_quarantined(conn, args.counter, args.limit)
+    if args.json:
+        print(json.dumps([
+            {"id": d.id, "counter": d.counter, "key": d.key, "delta": d.delta,
+             "queue": "unlogged" if d.unlogged else "logged",
+             "created_at": d.created_at.isoformat(),
+             "quarantined_at": d.quarantined_at.isoformat(),
+             "sqlstate": d.sqlstate, "error": d.error}
+            for d in found
+        ], indent=2))  # fmt: skip
+        return EXIT_OK
+    if not found:
+        print("no deltas are set aside")
+        return EXIT_OK
+    for d in found:
+        print(
+            f"{d.id}  {d.counter}  key {d.key}  delta {d.delta}  "
+            f"({'unlogged' if d.unlogged else 'logged'} queue, set aside "
+            f"{d.quarantined_at:%Y-%m-%d %H:%M:%S})  [{d.sqlstate}] {d.error}"
+        )
+    return EXIT_OK
+
+
+def _quarantine_choice(args: argparse.Namespace) -> dict[str, Any]:
+    return {"ids": args.id or None, "counter": args.counter, "everything": args.all}
+
+
+def _cmd_quarantine_replay(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters.quarantine import replay
+
+    with connect(dsn) as conn:
+        n = replay(conn, **_quarantine_choice(args))
+    print(f"{n} deltas moved back into their queues")
+    return EXIT_OK if n else EXIT_ERROR
+
+
+def _cmd_quarantine_discard(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters.quarantine import discard
+
+    with connect(dsn) as conn:
+        n = discard(conn, **_quarantine_choice(args))
+    print(f"{n} deltas discarded")
+    return EXIT_OK if n else EXIT_ERROR
+
+
+def _add_quarantine_commands(sub: Any) -> None:
+    """``pgcounters quarantine VERB``: deltas the drain could not apply."""
+    quarantine = sub.add_parser(
+        "quarantine",
+        help="deltas the drain could not apply: list, replay, discard",
+        description="Deltas the drain could not apply (overflow, a key that does not cast, "
+        "a dropped counter) are set aside with their error; the rest keeps draining. "
+        "Exit codes: 0 success, 1 error or nothing matched, 2 bad usage.",
+    )
+    verbs = quarantine.add_subparsers(dest="quarantine_command", required=True, metavar="VERB")
+
+    def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add("list", _cmd_quarantine_list, "list the deltas set aside, oldest first")
+    p.add_argument("--counter", help="only this counter's")
+    p.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    p.add_argument("--json", action="store_true", help="print one JSON array")
+    for name, handler, text in (
+        ("replay", _cmd_quarantine_replay,
+         "move deltas back into their queues (after fixing the cause)"),
+        ("discard", _cmd_quarantine_discard, "delete deltas for good"),
+    ):  # fmt: skip
+        p = add(name, handler, text)
+        choice = p.add_mutually_exclusive_group(required=True)
+        choice.add_argument("--id", type=int, action="append", help="this delta (repeatable)")
+        choice.add_argument(
+            "--counter",
+            help="every delta of this counter (a counter re-created under the name gets them)",
+        )
+        choice.add_argument("--all", action="store_true", help="every delta set aside")

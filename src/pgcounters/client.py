@@ -24,7 +24,7 @@ from psycopg.rows import tuple_row
 
 from pgcounters import schema
 from pgcounters.dberrors import translated
-from pgcounters.errors import DrainError, InvalidCounterDefinition, UnknownCounter
+from pgcounters.errors import CounterError, DrainError, InvalidCounterDefinition, UnknownCounter
 from pgcounters.keys import (
     BIGINT_MAX,
     Key,
@@ -313,7 +313,12 @@ class Counters:
         netted: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
         by_id: dict[int, Counter] = {}
         for item in items:
-            name, key, delta = item
+            try:
+                name, key, delta = item
+            except (TypeError, ValueError):
+                raise CounterError(
+                    f"incr_many takes (counter name, key, delta) tuples, got {item!r}"
+                ) from None
             counter = self.counter(name)
             by_id[counter.id] = counter
             encoded = tuple(encode_key(key, counter.key_types, name))

@@ -136,15 +136,24 @@ def encode_key(key: object, key_types: tuple[KeyType, ...], counter: str) -> lis
 def decode_key(parts: Sequence[str], key_types: tuple[KeyType, ...]) -> Key:
     """Turn a stored ``text[]`` key back into Python values."""
     out: list[KeyPart] = []
+    if len(parts) != len(key_types):
+        raise InvalidKey(f"stored key {list(parts)!r} does not have {len(key_types)} parts")
     for text, key_type in zip(parts, key_types, strict=True):
-        if key_type == "bigint":
-            out.append(int(text))
-        elif key_type == "uuid":
-            out.append(uuid.UUID(text))
-        elif key_type == "date":
-            out.append(dt.date.fromisoformat(text))
-        else:
-            out.append(text)
+        try:
+            if key_type == "bigint":
+                out.append(int(text))
+            elif key_type == "uuid":
+                out.append(uuid.UUID(text))
+            elif key_type == "date":
+                out.append(dt.date.fromisoformat(text))
+            else:
+                out.append(text)
+        except ValueError:
+            # written before keys were checked in SQL (schema version 8)
+            raise InvalidKey(
+                f"stored key part {text!r} is not a canonical {key_type}: "
+                "see `pgcounters recount` to rebuild the counter"
+            ) from None
     return tuple(out)
 
 

@@ -675,3 +675,144 @@ SPECS_SCHEMA_VERSION = 2
 """The schema version that added recorded declarations (``pgcounters.specs``)."""
 
 register_section("triggers", collect_triggers)
+
+
+# -- deltas set aside, rows left busy, retried batches (schema version 8) ---------
+
+
+@dataclass(frozen=True)
+class QuarantineGroup:
+    """Deltas of one counter set aside for one kind of error."""
+
+    counter: str
+    sqlstate: str
+    error: str
+    deltas: int
+    oldest: dt.datetime
+
+
+@dataclass(frozen=True)
+class RetryCount:
+    operation: str
+    reason: str
+    retries: int
+    last_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class ReliabilitySection:
+    """What the drain set aside, left for later, and which batches were retried."""
+
+    quarantined: tuple[QuarantineGroup, ...]
+    retries: tuple[RetryCount, ...]
+    busy_total: dict[str, int]
+    """Per queue: deltas left queued because their parent rows were busy, since install."""
+    quarantined_total: dict[str, int]
+    """Per queue: deltas set aside by the drain, since install."""
+    available: bool = True
+    name: str = "reliability"
+
+    @property
+    def quarantined_deltas(self) -> int:
+        return sum(g.deltas for g in self.quarantined)
+
+    def as_json(self) -> object:
+        return {
+            "available": self.available,
+            "quarantined_deltas": self.quarantined_deltas,
+            "quarantine": [{**asdict(g), "oldest": g.oldest.isoformat()} for g in self.quarantined],
+            "retries": [{**asdict(r), "last_at": r.last_at.isoformat()} for r in self.retries],
+            "busy_total": self.busy_total,
+            "quarantined_total": self.quarantined_total,
+        }
+
+    def lines(self) -> list[str]:
+        if not self.available:
+            return ["quarantine: not known (the installed schema predates it)"]
+        out: list[str] = []
+        if not self.quarantined:
+            out.append("quarantine: empty")
+        else:
+            out.append(
+                f"quarantine: {self.quarantined_deltas:,} deltas set aside "
+                "(`pgcounters quarantine list`, then `replay` or `discard`)"
+            )
+            for g in self.quarantined:
+                out.append(f"  {g.counter}  {g.deltas:,} deltas  [{g.sqlstate}] {g.error}")
+        busy = sum(self.busy_total.values())
+        out.append(f"left for later (parent row busy), since install: {busy:,} deltas")
+        if not self.retries:
+            out.append("retried batches: none")
+        else:
+            out.append("retried batches:")
+            for r in self.retries:
+                out.append(
+                    f"  {r.operation}: {r.retries:,} ({r.reason}), last at "
+                    f"{r.last_at:%Y-%m-%d %H:%M:%S}"
+                )
+        return out
+
+    def metrics(self) -> list[Metric]:
+        return [
+            Metric(
+                "pgcounters_quarantined_deltas",
+                "Deltas set aside because they could not be applied (pgcounters quarantine).",
+                "gauge",
+                tuple(
+                    ((("counter", g.counter), ("sqlstate", g.sqlstate)), g.deltas)
+                    for g in self.quarantined
+                )
+                or (((), 0),),
+            ),
+            Metric(
+                "pgcounters_quarantined_deltas_total",
+                "Deltas the drain set aside, since install.",
+                "counter",
+                tuple(((("queue", k),), v) for k, v in sorted(self.quarantined_total.items())),
+            ),
+            Metric(
+                "pgcounters_busy_deltas_total",
+                "Deltas left queued for a later batch because their parent row was busy.",
+                "counter",
+                tuple(((("queue", k),), v) for k, v in sorted(self.busy_total.items())),
+            ),
+            Metric(
+                "pgcounters_retried_batches_total",
+                "Batches PostgreSQL aborted (deadlock, serialization failure, lock or "
+                "statement timeout) that were retried.",
+                "counter",
+                tuple(
+                    ((("operation", r.operation), ("reason", r.reason)), r.retries)
+                    for r in self.retries
+                ),
+            ),
+        ]
+
+
+RELIABILITY_SCHEMA_VERSION = 8
+"""The schema version that added the quarantine and the retry counts."""
+
+
+def collect_reliability(conn: psycopg.Connection[Any]) -> ReliabilitySection:
+    """The ``reliability`` section: quarantine, busy rows, retried batches."""
+    installed = schema.state(conn).installed
+    if installed is None or installed < RELIABILITY_SCHEMA_VERSION:
+        return ReliabilitySection((), (), {}, {}, available=False)
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(_ops("status_quarantine"))
+        groups = tuple(
+            QuarantineGroup(str(r[0]), str(r[1]), str(r[2]), int(r[3]), r[4])
+            for r in cur.fetchall()
+        )
+        cur.execute(_ops("status_retries"))
+        retries = tuple(RetryCount(str(r[0]), str(r[1]), int(r[2]), r[3]) for r in cur.fetchall())
+        cur.execute(_ops("status_drain_aside"))
+        busy: dict[str, int] = {}
+        aside: dict[str, int] = {}
+        for unlogged, b, qd in cur.fetchall():
+            busy[_queue_label(bool(unlogged))] = int(b)
+            aside[_queue_label(bool(unlogged))] = int(qd)
+    return ReliabilitySection(groups, retries, busy, aside)
+
+
+register_section("reliability", collect_reliability)

@@ -124,3 +124,36 @@ SELECT pid, application_name, state, backend_start, state_change
  WHERE datname = current_database()
    AND application_name LIKE %(prefix)s
  ORDER BY backend_start;
+
+-- Deltas set aside, per counter and error (schema version 8).
+-- name: status_quarantine
+SELECT coalesce(counter, '#' || target_id::text), sqlstate, min(error), count(*),
+       min(quarantined_at)
+  FROM pgcounters.quarantine
+ GROUP BY 1, 2
+ ORDER BY 1, 2;
+
+-- name: status_retries
+SELECT operation, reason, retries, last_at FROM pgcounters.retries ORDER BY 1, 2;
+
+-- name: status_drain_aside
+SELECT q.unlogged, coalesce(sum(d.busy), 0)::bigint, coalesce(sum(d.quarantined), 0)::bigint
+  FROM (VALUES (false), (true)) AS q(unlogged)
+  LEFT JOIN pgcounters.drain_stats d ON d.unlogged = q.unlogged
+ GROUP BY q.unlogged
+ ORDER BY q.unlogged;
+
+-- Set-aside deltas, oldest first (pgcounters quarantine list).
+-- name: quarantine_list
+SELECT id, coalesce(counter, '#' || target_id::text), key, delta, unlogged, created_at,
+       quarantined_at, sqlstate, error
+  FROM pgcounters.quarantine
+ WHERE (%(counter)s::text IS NULL OR counter = %(counter)s)
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: quarantine_replay
+SELECT pgcounters.replay_quarantined(%(ids)s, %(counter)s);
+
+-- name: quarantine_discard
+SELECT pgcounters.discard_quarantined(%(ids)s, %(counter)s);
