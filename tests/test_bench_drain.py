@@ -28,3 +28,20 @@ def test_the_lag_scenario_is_exact(dsn: str, monkeypatch: pytest.MonkeyPatch) ->
     assert poll.extra["samples"] > 0
     assert poll.extra["lag p99 ms"] >= poll.extra["lag p50 ms"] >= 0
     assert SCENARIOS["drain-lag"] is drain.drain_lag
+
+
+@pytest.mark.parametrize("variant", drain.BUSY_VARIANTS)
+def test_the_busy_rows_scenario_is_exact(dsn: str, variant: str) -> None:
+    from pgcounters.config import connect
+    from pgcounters.schema import install
+
+    with connect(dsn) as conn:
+        install(conn)
+    run = drain._busy_run(dsn, variant, 5_000)
+    assert run.exact
+    assert run.operations == (4_500 if variant == "rows held" else 5_000)
+    assert run.extra["deadlocks"] == 0
+    assert run.extra["busy rows' lag after release ms"] >= 0
+    if variant == "rows held":
+        assert run.extra["deltas left for later"] > 0
+    assert SCENARIOS["drain-busy"] is drain.drain_busy

@@ -215,7 +215,7 @@ class Worker:
                         break
                     interval = s.min_interval
                 try:
-                    got, full = self._round(conn)
+                    got, full, busy = self._round(conn)
                 except psycopg.Error as exc:
                     conn = self._failed(conn, exc)
                     if conn is not None and not self._stop.is_set():
@@ -236,7 +236,9 @@ class Worker:
                     interval = s.min_interval
                     continue
                 self._wait(conn, interval)
-                interval = min(interval * 2, s.max_interval)
+                # deltas left for rows other transactions hold: look again soon (a
+                # batch of them costs a few rows), so they follow the row's release
+                interval = s.min_interval if busy else min(interval * 2, s.max_interval)
         finally:
             if conn is not None:
                 conn.close()
@@ -343,11 +345,13 @@ class Worker:
 
     # -- draining -----------------------------------------------------------
 
-    def _round(self, conn: psycopg.Connection[Any]) -> tuple[int, bool]:
-        """One batch from each queue. Returns (deltas applied, whether a batch was full)."""
+    def _round(self, conn: psycopg.Connection[Any]) -> tuple[int, bool, bool]:
+        """One batch from each queue. Returns (deltas applied, whether a batch was full,
+        whether deltas were left queued because their parent rows were busy)."""
         pc = Counters(conn, check_schema=False)
         got = 0
         full = False
+        busy = False
         for unlogged in (False, True):
             if self._stop.is_set():
                 break
@@ -369,6 +373,7 @@ class Worker:
                     "applied %d deltas to %d keys (%s queue)", batch.deltas, batch.keys, queue
                 )
             if batch.busy:
+                busy = True
                 with self._lock:
                     self._stats.busy += batch.busy
                 logger.debug(
@@ -383,7 +388,7 @@ class Worker:
         with self._lock:
             self._stats.rounds += 1
         self._maybe_summarise()
-        return got, full
+        return got, full, busy
 
     def _maybe_summarise(self) -> None:
         every = self.settings.log_every

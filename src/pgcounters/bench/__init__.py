@@ -40,6 +40,7 @@ SCENARIOS: dict[str, Runner] = {
     "quota": quota.quota,
     "drain": drain.drain,
     "drain-lag": drain.drain_lag,
+    "drain-busy": drain.drain_busy,
     "trigger-overhead": blog.trigger_overhead,
     "top-n": blog.top_n,
     "exact-read": blog.exact_read,

@@ -369,3 +369,155 @@ def drain_lag(dsn: str, repeat: int, quick: bool) -> Scenario:
         conn.execute("SELECT pgcounters.disable_wakeups()")
     scenario.compare([("insert-wakeup-trigger", "insert-plain", 0.9)])
     return scenario
+
+
+# -- draining beside application transactions that hold parent rows ----------------
+
+BUSY_ROWS = 100
+HELD = 10  # rows one application transaction holds for the whole drain
+BUSY_VARIANTS = ("rows free", "rows held")
+
+
+def _busy_setup(conn: psycopg.Connection[Any], n: int) -> int:
+    conn.execute("DROP TABLE IF EXISTS bench_busy_article")
+    Counters(conn).drop_counter("bench.busy")
+    conn.execute(
+        "CREATE TABLE bench_busy_article (id bigint PRIMARY KEY, body text NOT NULL DEFAULT '',"
+        " n bigint NOT NULL DEFAULT 0)"
+    )
+    conn.execute("INSERT INTO bench_busy_article (id) SELECT generate_series(1, %s)", (BUSY_ROWS,))
+    target = Counters(conn).create_column_counter("bench.busy", "bench_busy_article", "n").id
+    conn.execute("TRUNCATE pgcounters.queue")
+    conn.execute(
+        "INSERT INTO pgcounters.queue (target_id, key, delta)"
+        " SELECT %s, ARRAY[(g %% %s + 1)::text], 1 FROM generate_series(1, %s) g",
+        (target, BUSY_ROWS, n),
+    )
+    conn.execute("VACUUM ANALYZE pgcounters.queue, bench_busy_article")
+    return target
+
+
+def _rolling_updates(
+    dsn: str, stop: threading.Event, seed: int, errors: list[BaseException]
+) -> None:
+    """An application: transactions that update 2-3 of the rows HELD+1.. in random order."""
+    import random
+
+    rng = random.Random(seed)
+    try:
+        with connect(dsn) as conn:
+            while not stop.is_set():
+                with conn.transaction():
+                    for row in rng.sample(range(HELD + 1, BUSY_ROWS + 1), rng.choice((2, 3))):
+                        conn.execute(
+                            "UPDATE bench_busy_article SET body = %s WHERE id = %s", ("x", row)
+                        )
+                    time.sleep(0.005)  # the rest of the request, locks held
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def _pending_rows(conn: psycopg.Connection[Any], held_only: bool) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pgcounters.queue WHERE NOT (%s AND key::text[] <@ %s::text[]"
+        " AND cardinality(key::text[]) = 1)",
+        (held_only, [str(i) for i in range(1, HELD + 1)]),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _deadlocks(conn: psycopg.Connection[Any]) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _busy_run(dsn: str, variant: str, n: int) -> Measurement:
+    from pgcounters.worker import Worker, WorkerSettings
+
+    held = variant == "rows held"
+    with connect(dsn) as conn:
+        _busy_setup(conn, n)
+        deadlocks = _deadlocks(conn)
+        holder = connect(dsn, autocommit=False)
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        apps = [
+            threading.Thread(target=_rolling_updates, args=(dsn, stop, i, errors), daemon=True)
+            for i in range(2 if held else 0)
+        ]
+        workers = [Worker(dsn, WorkerSettings(batch_size=10_000, log_every=0)) for _ in range(2)]
+        threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+        try:
+            if held:
+                holder.execute(
+                    "SELECT 1 FROM bench_busy_article WHERE id <= %s ORDER BY id FOR UPDATE",
+                    (HELD,),
+                )
+            for t in apps:
+                t.start()
+            started = time.perf_counter()
+            for t in threads:
+                t.start()
+            # everything but the held rows' deltas applied
+            while _pending_rows(conn, held) and all(t.is_alive() for t in threads):
+                time.sleep(0.002)
+            drained = time.perf_counter() - started
+            stop.set()
+            for t in apps:
+                t.join(timeout=60)
+            released = time.perf_counter()
+            holder.commit()
+            while _pending_rows(conn, False) and all(t.is_alive() for t in threads):
+                time.sleep(0.002)
+            tail = time.perf_counter() - released
+        finally:
+            stop.set()
+            holder.close()
+            for w in workers:
+                w.stop()
+            for t in threads:
+                t.join(timeout=60)
+        values = dict(conn.execute("SELECT id, n FROM bench_busy_article").fetchall())
+        new_deadlocks = _deadlocks(conn) - deadlocks
+        Counters(conn).drop_counter("bench.busy")
+        conn.execute("DROP TABLE bench_busy_article")
+    if errors:
+        raise errors[0]
+    exact = values == dict.fromkeys(range(1, BUSY_ROWS + 1), n // BUSY_ROWS) and not new_deadlocks
+    applied = n - (n // BUSY_ROWS) * HELD if held else n
+    return Measurement(
+        drained,
+        applied,
+        exact,
+        {
+            "busy rows' lag after release ms": round(tail * 1000, 1),
+            "deltas left for later": float(sum(w.get_stats().busy for w in workers)),
+            "deadlocks": float(new_deadlocks),
+        },
+    )
+
+
+def drain_busy(dsn: str, repeat: int, quick: bool) -> Scenario:
+    n = 100_000 if quick else 1_000_000
+    scenario = Scenario(
+        "drain-busy",
+        f"Two workers drain {n:,} deltas of a column counter over {BUSY_ROWS} parent rows. "
+        f"rows held: one application transaction holds {HELD} of the rows for the whole drain "
+        "and two application threads update 2-3 of the others in random order (5 ms per "
+        "transaction, locks held); the time is until every delta of a free row is applied. "
+        "The busy rows' lag is from the release of the held rows until their deltas are "
+        "applied. A run with a deadlock is not exact.",
+        unit="deltas",
+        extra_aggregate="median",
+    )
+    with connect(dsn) as conn:
+        install(conn)
+    for _ in range(repeat):
+        for variant in BUSY_VARIANTS:
+            scenario.add(variant, _busy_run(dsn, variant, n))
+    scenario.compare([("rows held", "rows free", None)])
+    scenario.headline = ("rows held", "rows free")
+    return scenario
