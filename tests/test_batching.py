@@ -282,3 +282,32 @@ def test_a_forked_child_does_not_write_the_parents_buffer(dsn: str, pc: Counters
     assert batcher.pending() == 1
     batcher.close()
     assert pc.get("c") == 11
+
+
+def test_a_counter_dropped_and_recreated_meanwhile_gets_the_buffered_increments(
+    dsn: str, pc: Counters
+) -> None:
+    """The batcher looked the counter up before another program dropped and re-created
+    it: its buffered increments used to go to the old id and vanish in the drain."""
+    pc.create_counter("c", key=int)
+    batcher = BatchingCounters(dsn, max_pending=1000, interval=None, flush_at_exit=False)
+    try:
+        batcher.incr("c", 1, 5)
+        batcher.flush()
+        pc.drop_counter("c")
+        pc.create_counter("c", key=int)
+        batcher.incr("c", 1, 7)
+        batcher.flush()
+        pc.drain()
+        assert pc.get("c", 1) == 7
+        # dropped for good: the flush is refused and the increment stays buffered
+        pc.drop_counter("c")
+        batcher.incr("c", 1, 3)
+        with pytest.raises(BufferFlushFailed, match="was dropped"):
+            batcher.flush()
+        assert batcher.pending() == 1
+        pc.create_counter("c", key=int)
+        batcher.flush()
+        assert pc.get("c", 1) == 3
+    finally:
+        batcher.close()

@@ -413,3 +413,19 @@ def test_every_counter_mode_and_key_type_is_flushed(
     assert pc.pending() == (1, 1)  # the queued zero was not written
     pc.drain()
     assert conn.execute("SELECT views FROM article WHERE id = 2").fetchone() == (5,)
+
+
+def test_a_counter_dropped_and_recreated_meanwhile_gets_the_flushed_increments(
+    buf: RedisBuffer, pc: Counters
+) -> None:
+    pc.create_counter("v", key=int)
+    buf.incr("v", 1, 5)
+    buf.flush()
+    pc.drain()
+    pc.drop_counter("v")
+    pc.create_counter("v", key=int)
+    buf.incr("v", 1, 7)
+    buf.flush()
+    pc.drain()
+    assert pc.get("v", 1) == 7
+    assert buf.get("v", 1) == 7

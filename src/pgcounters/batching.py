@@ -349,7 +349,14 @@ class BatchingCounters:
                         "batch %s had been committed before its connection broke", batch.flush_id
                     )
                     return
-                write_flush(pc, batch.flush_id, self.buffer, items, retention=self.retention)
+                write_flush(
+                    pc,
+                    batch.flush_id,
+                    self.buffer,
+                    items,
+                    retention=self.retention,
+                    redeclared=self._link.redeclared,
+                )
             except BaseException as exc:
                 # whatever happened, the batch may or may not have been committed:
                 # look its id up before writing it again

@@ -13,17 +13,22 @@ import datetime as dt
 import os
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from pgcounters.client import Counter, Counters, array_literal
+from pgcounters.client import Counter, Counters, _row_to_counter, array_literal
 from pgcounters.config import connect
 from pgcounters.dberrors import translated
-from pgcounters.errors import ConfigurationError, ConnectionFailed
+from pgcounters.errors import (
+    ConfigurationError,
+    ConnectionFailed,
+    InvalidCounterDefinition,
+    UnknownCounter,
+)
 from pgcounters.keys import decode_key
 from pgcounters.sqlfiles import query
 
@@ -76,6 +81,10 @@ class DbLink:
                 found = self.counters().counter(name)
             self._declared[name] = found
         return found
+
+    def redeclared(self, counter: Counter) -> None:
+        """Use ``counter`` from now on for its name (it was dropped and declared again)."""
+        self._declared[counter.name] = counter
 
     def counters(self) -> Counters:
         """The client on a usable connection (call with :attr:`lock` held)."""
@@ -136,6 +145,7 @@ def write_flush(
     *,
     retention: dt.timedelta = DEFAULT_RETENTION,
     keep: Iterable[str] = (),
+    redeclared: Callable[[Counter], None] | None = None,
 ) -> bool:
     """Write ``rows`` and record ``flush_id`` in one transaction.
 
@@ -144,17 +154,23 @@ def write_flush(
     multi-row INSERTs of :meth:`Counters.incr_many`, which direct counters
     still use). Returns
     False (and writes nothing) when the flush was already recorded. The
-    connection must not be inside a transaction.
+    connection must not be inside a transaction. ``redeclared`` is told of a
+    counter declared again (dropped and created under its name) since the
+    buffer looked it up.
     """
     conn = pc.conn
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise ConfigurationError("a buffer flush must run outside a transaction")
     total = sum(delta for _, _, delta in rows)
     by_queue: dict[str, list[EncodedIncrement]] = {"queued": [], "unlogged": [], "direct": []}
-    for item in rows:
-        if item[2]:
-            by_queue[item[0].mode].append(item)
     with translated(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        # the declarations as they are now: a counter dropped and created again under
+        # its name since the buffer looked it up has a new id (the old one's deltas
+        # would be set aside by the drain), a dropped one refuses the flush (the
+        # increments stay buffered) instead of writing deltas nobody applies
+        for item in _current(pc, cur, rows, redeclared):
+            if item[2]:
+                by_queue[item[0].mode].append(item)
         cur.execute(
             query("record_flush"),
             {
@@ -181,6 +197,40 @@ def write_flush(
                 for c, encoded, delta in by_queue["direct"]
             )
     return True
+
+
+def _current(
+    pc: Counters,
+    cur: psycopg.Cursor[tuple[Any, ...]],
+    rows: Sequence[EncodedIncrement],
+    redeclared: Callable[[Counter], None] | None,
+) -> list[EncodedIncrement]:
+    """``rows`` with each counter's declaration read again (one statement)."""
+    names = sorted({counter.name for counter, _, _ in rows})
+    if not names:
+        return list(rows)
+    cur.execute(query("targets_by_names"), {"names": names})
+    now = {str(r[1]): _row_to_counter(r) for r in cur.fetchall()}
+    out: list[EncodedIncrement] = []
+    for counter, encoded, delta in rows:
+        current = now.get(counter.name)
+        if current is None:
+            raise UnknownCounter(
+                f"counter {counter.name!r} was dropped after increments to it were buffered; "
+                "they are kept (declare it again, or discard the buffer)"
+            )
+        if current != counter:
+            if current.key_types != counter.key_types or current.is_column != counter.is_column:
+                raise InvalidCounterDefinition(
+                    f"counter {counter.name!r} was declared again with another key or target "
+                    "after increments to it were buffered; they are kept"
+                )
+            pc._cache.pop(counter.name, None)  # direct increments below look it up again
+            if redeclared is not None:
+                redeclared(current)
+            counter = current
+        out.append((counter, encoded, delta))
+    return out
 
 
 def flush_recorded(pc: Counters, flush_id: str) -> bool:

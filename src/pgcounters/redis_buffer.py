@@ -415,6 +415,7 @@ class RedisBuffer:
                     items,
                     retention=self.retention,
                     keep=in_doubt,
+                    redeclared=self._link.redeclared,
                 )
             except (psycopg.Error, PgCountersError) as exc:
                 self._link.reset()

@@ -29,6 +29,11 @@ SELECT id, name, key_types, mode, target_schema, target_table, target_column, ta
   FROM pgcounters.targets
  WHERE name = %(name)s;
 
+-- name: targets_by_names
+SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
+  FROM pgcounters.targets
+ WHERE name = ANY (%(names)s::text[]);
+
 -- name: list_targets
 SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
   FROM pgcounters.targets
