@@ -385,6 +385,7 @@ def _recount_column(
     # 2. truth and pending from one snapshot: stored = truth - pending
     truth = truth_query(spec, sql.SQL("{} = ANY ({})").format(_key_expr(spec), wanted))
     text_keys = sql.SQL("SELECT ARRAY[u::text] FROM unnest({}) AS u").format(wanted)
+    conn.execute("SELECT set_config('pgcounters.applying', 'on', true)")  # a guarded column
     cur = conn.execute(
         sql.SQL(
             "WITH truth AS ({truth}), pending AS ({pending}),"
@@ -404,6 +405,7 @@ def _recount_column(
             keys=wanted,
         )
     )
+    conn.execute("SELECT set_config('pgcounters.applying', '', true)")
     return max(cur.rowcount, 0)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg
 
-from pgcounters import schema
+from pgcounters import backfill, schema
 from pgcounters.client import Counters
 from pgcounters.config import connect, redact
 from pgcounters.errors import (
@@ -361,6 +361,9 @@ class Worker:
                     "applied %d deltas to %d keys (%s queue)",
                     deltas, keys, "unlogged" if unlogged else "logged",
                 )  # fmt: skip
+        if not full and not self._stop.is_set():
+            # the queues are drained: one batch of a pending backfill, if any
+            got += backfill.step(conn, min(self._batch_size, 1000))
         with self._lock:
             self._stats.rounds += 1
         self._maybe_summarise()
