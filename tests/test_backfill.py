@@ -51,8 +51,8 @@ def column_specs() -> list[CounterSpec]:
     return [s for s in blog_schema.specs() if s.name in TRUTH]
 
 
-def rows(conn: psycopg.Connection[Any], query: str) -> list[tuple[int, int]]:
-    return [(int(a), int(b)) for a, b in conn.execute(query).fetchall()]
+def rows(conn: psycopg.Connection[Any], query: str, params: Any = None) -> list[tuple[int, int]]:
+    return [(int(a), int(b)) for a, b in conn.execute(query, params).fetchall()]
 
 
 def assert_exact(conn: psycopg.Connection[Any], name: str) -> None:
@@ -98,6 +98,8 @@ def test_a_backfill_goes_batch_by_batch_resumes_and_reads_refuse_meanwhile(
     pc = Counters(blog)
     with pytest.raises(CounterBackfilling, match="being backfilled"):
         pc.get("blog.article.public_comments", 40)
+    with pytest.raises(psycopg.Error, match="being backfilled"):
+        blog.execute("SELECT pgcounters.get('blog.article.public_comments', '{40}')")
     with psycopg.connect(dsn, autocommit=True) as writer:
         writer.execute("SET lock_timeout = '5s'")
         for i in range(6):
@@ -156,3 +158,28 @@ def test_status_shows_backfills(blog: psycopg.Connection[Any]) -> None:
     assert "pgcounters_backfills 2" in status.prometheus(snapshot)
     backfill.run(blog)
     assert "backfills: none" in status.text(status.get_status(blog))
+
+
+def test_named_counters_are_backfilled_too(blog: psycopg.Connection[Any]) -> None:
+    named = [s for s in blog_schema.specs() if s.name not in TRUTH and not s.key_types]
+    named += [s for s in blog_schema.specs() if s.name == "blog.comments_per_article_day"]
+    triggers.install(blog, named, backfill=False)
+    pc = Counters(blog)
+    day = blog.execute("SELECT min(created_on) FROM blog_comment").fetchone()
+    assert day is not None
+    with pytest.raises(CounterBackfilling):
+        pc.get_many("blog.comments_per_article_day", [(3, day[0]), (4, day[0])])
+    assert sum(backfill.run(blog, batch_size=3).values()) > 0
+    truth = rows(
+        blog,
+        "SELECT article_id, count(*) FROM blog_comment WHERE article_id IN (3, 4)"
+        " AND publish_status = 'public' AND created_on = %s"
+        " GROUP BY article_id ORDER BY article_id",
+        (day[0],),
+    )
+    assert pc.get_many("blog.comments_per_article_day", [(3, day[0]), (4, day[0])]) == [
+        n for _, n in truth
+    ]
+    total = blog.execute("SELECT count(*) FROM blog_comment").fetchone()
+    assert total is not None
+    assert pc.get("blog.comments_total") == total[0] > 0

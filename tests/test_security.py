@@ -13,7 +13,7 @@ from psycopg import errors as pg
 import blog_schema
 from pgcounters import Counters, security, triggers
 from pgcounters.cli import run
-from pgcounters.errors import ConfigurationError, PermissionDenied
+from pgcounters.errors import ConfigurationError, CounterBackfilling, PermissionDenied
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
 from pgcounters.status import get_status
@@ -223,6 +223,33 @@ def test_worker_role_drains_and_recounts(
         recount(worker, spec.name)
         assert verify(setup, spec).mismatches == [], spec.name
     assert Quotas(worker).purge(DAY - dt.timedelta(days=1)).windows == 0
+
+
+def test_worker_role_runs_backfills_and_app_reads_refuse_meanwhile(
+    worker: psycopg.Connection[Any], app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    from pgcounters import backfill, triggers
+
+    setup.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
+        " SELECT 1 + g % 3, 1 + g % 2, 'public', g FROM generate_series(1, 25) g"
+    )
+    Counters(setup).drain()
+    tamper(setup, "UPDATE blog_article SET public_comments = 0")
+    spec = next(s for s in blog_schema.specs("queued") if s.name == "blog.article.public_comments")
+    with setup.transaction():
+        backfill.request(setup, spec)
+    assert [b.name for b in backfill.pending(app)] == [spec.name]
+    with pytest.raises(CounterBackfilling):
+        Counters(app).get(spec.name, 1)
+    assert backfill.run(worker, batch_size=2) == {spec.name: 5}
+    assert verify(setup, spec).mismatches == []
+    truth = setup.execute(
+        "SELECT count(*) FROM blog_comment WHERE article_id = 1 AND publish_status = 'public'"
+    ).fetchone()
+    assert truth is not None
+    assert Counters(app).get(spec.name, 1) == truth[0] > 0
+    assert triggers.declared(worker)
 
 
 def test_every_definer_function_has_a_fixed_search_path(conn: psycopg.Connection[Any]) -> None:

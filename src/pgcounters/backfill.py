@@ -105,8 +105,9 @@ def run(
     wanted = [b.name for b in pending(conn) if names is None or b.name in names]
     for name in wanted:
         done[name] = 0
+        resolved: dict[str, tuple[CounterSpec, int]] = {}  # looked up once per run
         while True:
-            keys, more = _batch(conn, name, batch_size)
+            keys, more = _batch(conn, name, batch_size, resolved)
             done[name] += keys
             if keys and progress is not None:
                 progress(name, keys)
@@ -125,8 +126,17 @@ def step(conn: psycopg.Connection[Any], batch_size: int = 1000) -> int:
     return 0
 
 
-def _batch(conn: psycopg.Connection[Any], name: str, batch_size: int) -> tuple[int, bool]:
-    """One batch of one counter's backfill: (keys done, whether it goes on)."""
+def _batch(
+    conn: psycopg.Connection[Any],
+    name: str,
+    batch_size: int,
+    resolved: dict[str, tuple[CounterSpec, int]] | None = None,
+) -> tuple[int, bool]:
+    """One batch of one counter's backfill: (keys done, whether it goes on).
+
+    ``resolved`` caches the counter's spec and target id across the batches of a run.
+    """
+    cache = {} if resolved is None else resolved
     with translated(), conn.transaction():
         row = conn.execute(
             "SELECT fingerprint, cursor_key FROM pgcounters.backfills WHERE name = %s"
@@ -136,13 +146,17 @@ def _batch(conn: psycopg.Connection[Any], name: str, batch_size: int) -> tuple[i
         if row is None:  # finished, or another process is running a batch of it
             return 0, False
         fingerprint, cursor = row[0], row[1]
-        spec = next((s for s in declared(conn) if s.name == name), None)
-        if spec is None or spec.fingerprint != fingerprint:
-            # the counter is gone, or changed again (a newer request replaces this one)
-            if spec is None:
-                cancel(conn, name)
-            return 0, False
-        target = _recount._target_id(conn, spec)
+        if name in cache and cache[name][0].fingerprint == fingerprint:
+            spec, target = cache[name]
+        else:
+            found = next((s for s in declared(conn) if s.name == name), None)
+            if found is None or found.fingerprint != fingerprint:
+                # the counter is gone, or changed again (a newer request replaces this one)
+                if found is None:
+                    cancel(conn, name)
+                return 0, False
+            spec, target = found, _recount._target_id(conn, found)
+            cache[name] = (spec, target)
         if isinstance(spec.target, ColumnTarget):
             keys: list[Any] = _column_keys(conn, spec, cursor, batch_size)
             if keys:

@@ -42,6 +42,7 @@ from pgcounters.config import connect, redact
 from pgcounters.errors import (
     ConfigurationError,
     ConnectionFailed,
+    PermissionDenied,
     PgCountersError,
     SchemaError,
     WorkerError,
@@ -165,6 +166,7 @@ class Worker:
         self._lock = threading.Lock()
         self._stats = WorkerStats(batch_size=self.settings.batch_size)
         self._batch_size = self.settings.batch_size
+        self._backfills = True  # off once the role turns out unable to run them
         self._listening = False
         self._summary = (time.monotonic(), 0, 0)
 
@@ -361,9 +363,13 @@ class Worker:
                     "applied %d deltas to %d keys (%s queue)",
                     deltas, keys, "unlogged" if unlogged else "logged",
                 )  # fmt: skip
-        if not full and not self._stop.is_set():
+        if not full and not self._stop.is_set() and self._backfills:
             # the queues are drained: one batch of a pending backfill, if any
-            got += backfill.step(conn, min(self._batch_size, 1000))
+            try:
+                got += backfill.step(conn, min(self._batch_size, 1000))
+            except PermissionDenied as exc:
+                self._backfills = False
+                logger.warning("backfills left to others: %s (see `pgcounters grant`)", exc)
         with self._lock:
             self._stats.rounds += 1
         self._maybe_summarise()

@@ -259,3 +259,32 @@ $$;
 -- checked when the statement starts, whichever branch runs): it only tells
 -- what pgcounters.backfills, readable by all, already says
 GRANT EXECUTE ON FUNCTION pgcounters._backfilling(integer) TO PUBLIC;
+
+-- ---------------------------------------------------------------------------
+-- Redefinition of pgcounters.get (version 7's body): refused while the
+-- counter is backfilled (the line marked "backfill").
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgcounters.get(p_name text, p_key text[] DEFAULT '{}') RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t pgcounters.targets := pgcounters._target(p_name);
+    v_key text := p_key::text;
+    v_stored bigint;
+BEGIN
+    PERFORM pgcounters._check_key(t, p_key);
+    PERFORM pgcounters._backfilling(t.id);  -- backfill
+    IF t.target_table IS NULL THEN
+        SELECT value INTO v_stored FROM pgcounters.counters WHERE target_id = t.id AND key = p_key;
+    ELSE
+        EXECUTE format('SELECT x.%I FROM %I.%I AS x WHERE x.%I = $1::%s',
+            t.target_column, t.target_schema, t.target_table,
+            t.target_key_column, t.key_types[1]::regtype)
+        INTO v_stored USING p_key[1];
+    END IF;
+    RETURN coalesce(v_stored, 0)
+         + coalesce((SELECT sum(delta) FROM pgcounters.queue
+                      WHERE target_id = t.id AND key = v_key), 0)
+         + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
+                      WHERE target_id = t.id AND key = v_key), 0);
+END;
+$$;
