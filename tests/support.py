@@ -26,3 +26,15 @@ def queued(conn: psycopg.Connection[Any]) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def tamper(conn: psycopg.Connection[Any], statement: str, params: Any = None) -> None:
+    """Write a counter column by hand, as a bug or an operator would, past its guard.
+
+    The guard lets pgcounters' own writers through when they turn on
+    ``pgcounters.applying`` for their statement; a test that needs a wrong value
+    on purpose does the same, in a transaction of its own.
+    """
+    with conn.transaction():
+        conn.execute("SELECT set_config('pgcounters.applying', 'on', true)")
+        conn.execute(statement, params)

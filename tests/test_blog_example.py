@@ -215,11 +215,11 @@ def test_checks_wait_for_migrate_on_a_database_not_migrated_yet() -> None:
     assert check_database(databases=["default"]) == []
     call_command("migrate", "blog", "0001", verbosity=0)
     try:
-        found = check_database(databases=["default"])
-        assert [m.id for m in found] == ["pgcounters.W001"]
+        # no warning either: `migrate` runs the checks before it migrates, and the first
+        # migrate of a fresh database must print nothing of pgcounters
+        assert check_database(databases=["default"]) == []
         on_disk = MigrationLoader(None, ignore_no_migrations=True).disk_migrations
-        pending = len([name for app, name in on_disk if app == "blog"]) - 1
-        assert f"{pending} migrations not applied yet" in found[0].msg
+        assert len([name for app, name in on_disk if app == "blog"]) > 1
     finally:
         call_command("migrate", "blog", verbosity=0)
     assert check_database(databases=["default"]) == []

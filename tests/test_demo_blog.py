@@ -9,6 +9,7 @@ import pytest
 
 from pgcounters import Counters, demo, demo_blog
 from pgcounters.quotas import Quotas
+from support import tamper
 
 TINY = demo_blog.Sizes(
     users=20, articles=5, comments=200, comment_writers=2, quota_threads=2, quota_limit=40
@@ -35,8 +36,8 @@ def test_mixed_load_is_exact_and_a_tampered_counter_is_reported(dsn: str) -> Non
     assert result.deltas_by_worker + result.deltas_final_drain > 0
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "UPDATE demo_blog.users SET public_comments = public_comments + 1 WHERE id = 3"
+        tamper(
+            conn, "UPDATE demo_blog.users SET public_comments = public_comments + 1 WHERE id = 3"
         )
     tampered = demo_blog.check(dsn, result)
     exact = {c.name: c.exact for c in tampered.counters}

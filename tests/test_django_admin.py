@@ -17,6 +17,7 @@ from django.test import Client
 from pgcounters import Counters
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.models import Counter, CounterValue
+from support import tamper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -174,7 +175,10 @@ def test_manage_py_verify_and_recount(capsys: pytest.CaptureFixture[str]) -> Non
     call_command("pgcounters", "drain")
     call_command("pgcounters", "verify", ARTICLE_COMMENTS)
     assert f"{ARTICLE_COMMENTS}: " in capsys.readouterr().out
-    Article.objects.filter(pk=articles[1].pk).update(public_comments=40)
+    with psycopg_connection() as conn:
+        tamper(
+            conn, "UPDATE blog_article SET public_comments = 40 WHERE id = %s", (articles[1].pk,)
+        )
     with pytest.raises(CommandError) as failed:
         call_command("pgcounters", "verify", ARTICLE_COMMENTS, "--json")
     assert failed.value.returncode == 5

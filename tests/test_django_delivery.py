@@ -20,6 +20,7 @@ from pgcounters.contrib.django import declared_counters
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.migration_deps import adds_counter_trigger
 from pgcounters.recount import verify
+from pgcounters.specs import ColumnTarget
 from pgcounters.triggers import drift, installed, record, uninstall
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,7 +36,8 @@ def _function_source(conn: psycopg.Connection[Any], trigger: str) -> str:
 
 
 def test_django_delivers_the_triggers_the_compiler_emits() -> None:
-    """Every declared counter: four triggers with the compiler's own bodies, all current."""
+    """Every declared counter: four triggers (six with a counter column's two guards) with
+    the compiler's own bodies, all current."""
     specs = [spec for _, spec in declared_counters()]
     assert {s.name for s in specs} >= {"blog.article.public_comments", "oddnames.owner.items_on"}
     with psycopg_connection() as conn:
@@ -46,7 +48,8 @@ def test_django_delivers_the_triggers_the_compiler_emits() -> None:
             by_spec.setdefault(t.spec_name, set()).add(t.trigger)
         for spec in specs:
             compiled = compile_spec(spec).triggers
-            assert len(by_spec[spec.name]) == len(compiled) == 4
+            guards = 2 if isinstance(spec.target, ColumnTarget) else 0
+            assert len(by_spec[spec.name]) == len(compiled) == 4 + guards
             for trigger in compiled:
                 [name] = [n for n in by_spec[spec.name] if trigger.name in n]
                 assert trigger.body.strip() in _function_source(conn, name)

@@ -13,11 +13,12 @@ from psycopg import errors as pg
 import blog_schema
 from pgcounters import Counters, security, triggers
 from pgcounters.cli import run
-from pgcounters.errors import ConfigurationError, PermissionDenied
+from pgcounters.errors import ConfigurationError, CounterBackfilling, PermissionDenied
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
 from pgcounters.status import get_status
 from roles import login_role
+from support import tamper
 
 DAY = dt.datetime(2026, 11, 21, 12, tzinfo=dt.UTC)
 
@@ -216,12 +217,39 @@ def test_worker_role_drains_and_recounts(
     assert pc.get("q", 1, exact=False) == 4
     assert pc.get("u", 1, exact=False) == 6
     # break stored values (as the owner), the worker recounts them back
-    setup.execute("UPDATE blog_article SET public_comments = 999")
+    tamper(setup, "UPDATE blog_article SET public_comments = 999")
     setup.execute("UPDATE pgcounters.counters SET value = value + 7")
     for spec in blog_schema.specs("queued"):
         recount(worker, spec.name)
         assert verify(setup, spec).mismatches == [], spec.name
     assert Quotas(worker).purge(DAY - dt.timedelta(days=1)).windows == 0
+
+
+def test_worker_role_runs_backfills_and_app_reads_refuse_meanwhile(
+    worker: psycopg.Connection[Any], app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    from pgcounters import backfill, triggers
+
+    setup.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
+        " SELECT 1 + g % 3, 1 + g % 2, 'public', g FROM generate_series(1, 25) g"
+    )
+    Counters(setup).drain()
+    tamper(setup, "UPDATE blog_article SET public_comments = 0")
+    spec = next(s for s in blog_schema.specs("queued") if s.name == "blog.article.public_comments")
+    with setup.transaction():
+        backfill.request(setup, spec)
+    assert [b.name for b in backfill.pending(app)] == [spec.name]
+    with pytest.raises(CounterBackfilling):
+        Counters(app).get(spec.name, 1)
+    assert backfill.run(worker, batch_size=2) == {spec.name: 5}
+    assert verify(setup, spec).mismatches == []
+    truth = setup.execute(
+        "SELECT count(*) FROM blog_comment WHERE article_id = 1 AND publish_status = 'public'"
+    ).fetchone()
+    assert truth is not None
+    assert Counters(app).get(spec.name, 1) == truth[0] > 0
+    assert triggers.declared(worker)
 
 
 def test_every_definer_function_has_a_fixed_search_path(conn: psycopg.Connection[Any]) -> None:
@@ -246,7 +274,9 @@ def test_public_may_execute_no_pgcounters_function(conn: psycopg.Connection[Any]
         "   AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')"
         "   AND has_function_privilege('public', p.oid, 'EXECUTE')"
     ).fetchall()
-    assert rows == []
+    # but one: an exact read of a counter being backfilled raises its error through it
+    # (it reads only pgcounters.backfills, which every role may read)
+    assert rows == [("pgcounters._backfilling(integer)",)]
 
 
 def test_a_role_without_grants_sees_nothing(dsn: str, setup: psycopg.Connection[Any]) -> None:

@@ -19,6 +19,7 @@ from pgcounters.compiler import compile_spec, trigger_name
 from pgcounters.errors import InvalidCounterDefinition, UnknownCounter
 from pgcounters.recount import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
+from support import tamper
 
 MODES = ["queued", "unlogged", "direct"]
 
@@ -38,8 +39,12 @@ def assert_exact(conn: psycopg.Connection[Any], specs: list[CounterSpec]) -> Non
 def test_compiler_needs_no_database() -> None:
     spec = blog_schema.specs()[0]
     compiled = compile_spec(spec)
-    assert [t.event for t in compiled.triggers] == ["insert", "update", "delete", "truncate"]
+    events = ["insert", "update", "delete", "truncate", "guard_update", "guard_insert"]
+    assert [t.event for t in compiled.triggers] == events
     text = compiled.install_sql().as_string()
+    # the guards of the counter column: row triggers on the parent table, only when it changes
+    assert 'BEFORE UPDATE OF "public_comments" ON "public"."blog_article"' in text
+    assert 'WHEN (OLD."public_comments" IS DISTINCT FROM NEW."public_comments")' in text
     assert "FOR EACH STATEMENT" in text
     assert "REFERENCING OLD TABLE AS" in text
     assert "NEW TABLE AS" in text
@@ -335,7 +340,7 @@ def test_pausing_one_counter_leaves_the_others(blog: psycopg.Connection[Any]) ->
 def test_recount_resumes_and_takes_key_ranges(blog: psycopg.Connection[Any]) -> None:
     spec = blog_schema.specs()[0]
     triggers.install(blog, [spec])
-    blog.execute("UPDATE blog_article SET public_comments = 99")
+    tamper(blog, "UPDATE blog_article SET public_comments = 99")
     done: list[int] = []
     result = recount(blog, spec, batch_size=2, key_range=(2, 3), progress=done.append)
     assert (result.keys_done, result.keys_fixed, sum(done)) == (2, 2, 2)
@@ -361,7 +366,7 @@ def test_verify_samples_and_reports_mismatches(blog: psycopg.Connection[Any]) ->
     spec = blog_schema.specs()[0]
     triggers.install(blog, [spec])
     blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (2, 'public')")
-    blog.execute("UPDATE blog_article SET public_comments = public_comments + 5 WHERE id = 3")
+    tamper(blog, "UPDATE blog_article SET public_comments = public_comments + 5 WHERE id = 3")
     result = verify(blog, spec.name)
     assert result.keys_checked == 5
     assert [(m.key, m.expected, m.actual) for m in result.mismatches] == [((3,), 0, 5)]
@@ -389,7 +394,7 @@ def test_recount_during_writes_and_drains_ends_exact(
 ) -> None:
     specs = blog_schema.specs()
     triggers.install(blog, specs)
-    blog.execute("UPDATE blog_article SET public_comments = 1000")  # wrong on purpose
+    tamper(blog, "UPDATE blog_article SET public_comments = 1000")  # wrong on purpose
     blog.execute(
         "INSERT INTO pgcounters.counters SELECT id, '{}', 77 FROM pgcounters.targets"
         " WHERE name = 'blog.comments_total'"
@@ -672,7 +677,9 @@ def test_a_counter_declared_again_over_another_table_leaves_the_old_one(
 
     triggers.install(conn, [spec("old_comment")])
     triggers.install(conn, [spec("comment")])
-    assert {t.table for t in triggers.installed(conn)} == {"comment"}
+    # the counting triggers moved to the new table; the guards stay on the parent
+    assert {t.table for t in triggers.installed(conn)} == {"comment", "post"}
+    assert {t.table for t in triggers.installed(conn) if t.event.startswith("guard")} == {"post"}
     conn.execute("INSERT INTO old_comment (post_id) VALUES (1), (1)")
     conn.execute("INSERT INTO comment (post_id) VALUES (1)")
     Counters(conn).drain()

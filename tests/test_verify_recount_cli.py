@@ -25,6 +25,7 @@ from pgcounters import Counters, cli, install, triggers
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.recount import verify
 from pgcounters.specs import CounterSpec
+from support import tamper
 
 ARTICLE = "blog.article.public_comments"
 TOTAL = "blog.comments_total"
@@ -72,7 +73,7 @@ def test_verify_finds_tampering_and_recount_repairs_it(
     assert f"{ARTICLE}: 5 keys checked, 0 off" in out
     assert "all exact: 5 counters" in out
     # an operator's direct UPDATE of stored values: a column counter and a named one
-    conn.execute("UPDATE blog_article SET public_comments = public_comments + 7 WHERE id = 2")
+    tamper(conn, "UPDATE blog_article SET public_comments = public_comments + 7 WHERE id = 2")
     conn.execute(
         "UPDATE pgcounters.counters SET value = value - 3 WHERE target_id ="
         " (SELECT id FROM pgcounters.targets WHERE name = %s)",
@@ -120,7 +121,7 @@ def test_verify_samples_shows_few_differences_and_refuses_unknown_counters(
     blog: list[CounterSpec],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    conn.execute("UPDATE blog_article SET public_comments = public_comments + 1")
+    tamper(conn, "UPDATE blog_article SET public_comments = public_comments + 1")
     code, out, _ = run(capsys, dsn, "verify", ARTICLE, "--sample", "3", "--show", "1")
     assert code == cli.EXIT_DRIFT
     assert f"{ARTICLE}: 3 keys checked, 3 off" in out
@@ -146,7 +147,7 @@ def test_recount_takes_key_ranges(
     blog: list[CounterSpec],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    conn.execute("UPDATE blog_article SET public_comments = 1000")
+    tamper(conn, "UPDATE blog_article SET public_comments = 1000")
 
     def wrong() -> list[int]:
         rows = conn.execute(
@@ -181,7 +182,7 @@ def test_recount_while_writers_and_a_drainer_run_ends_exact(
     blog: list[CounterSpec],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    conn.execute("UPDATE blog_article SET public_comments = 1000, score_total = -5")
+    tamper(conn, "UPDATE blog_article SET public_comments = 1000, score_total = -5")
     conn.execute("UPDATE pgcounters.counters SET value = value + 11")
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -253,7 +254,7 @@ def test_an_interrupted_recount_resumes_where_it_stopped(
     blog_schema.create(conn, articles=3000)
     spec = blog_schema.specs()[0]
     triggers.install(conn, [spec])
-    conn.execute("UPDATE blog_article SET public_comments = 1")  # every key is wrong
+    tamper(conn, "UPDATE blog_article SET public_comments = 1")  # every key is wrong
     proc = _spawn_recount(
         dsn, ARTICLE, "--batch-size", "1", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -307,7 +308,7 @@ def test_ctrl_c_stops_a_recount_with_exit_130_and_it_resumes(
     blog_schema.create(conn, articles=3000)
     spec = blog_schema.specs()[0]
     triggers.install(conn, [spec])
-    conn.execute("UPDATE blog_article SET public_comments = 1")
+    tamper(conn, "UPDATE blog_article SET public_comments = 1")
     proc = _spawn_recount(
         dsn, ARTICLE, "--batch-size", "1", stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

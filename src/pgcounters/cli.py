@@ -106,25 +106,54 @@ def _cmd_create(args: argparse.Namespace, dsn: str) -> int:
 
 
 def _cmd_drop(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters import triggers
+
     with connect(dsn) as conn:
-        dropped = Counters(conn).drop_counter(args.name)
+        # its triggers and recorded declaration go too: nothing keeps counting into it
+        uninstalled = triggers.uninstall(conn, args.name, drop_values=True)
+        dropped = Counters(conn).drop_counter(args.name) or uninstalled
     print(f"dropped {args.name}" if dropped else f"no counter named {args.name}")
     return EXIT_OK if dropped else EXIT_ERROR
 
 
 def _cmd_list(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters import backfill
+
     with connect(dsn) as conn:
         found = Counters(conn).counters()
+        filling = {b.name: b.keys_done for b in backfill.pending(conn)}
     if args.json:
         print(json.dumps([
             {"name": c.name, "key": list(c.key_types), "mode": c.mode,
-             "table": f"{c.table_schema}.{c.table}" if c.table else None, "column": c.column}
+             "table": f"{c.table_schema}.{c.table}" if c.table else None, "column": c.column,
+             "backfilling": c.name in filling}
             for c in found
         ]))  # fmt: skip
         return EXIT_OK
     for c in found:
         where = f" -> {c.table_schema}.{c.table}.{c.column}" if c.table else ""
-        print(f"{c.name}  key=({', '.join(c.key_types)})  mode={c.mode}{where}")
+        state = f"  backfilling ({filling[c.name]} keys done)" if c.name in filling else ""
+        print(f"{c.name}  key=({', '.join(c.key_types)})  mode={c.mode}{where}{state}")
+    return EXIT_OK
+
+
+def _cmd_backfill(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters import backfill
+
+    if args.batch_size < 1:
+        raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
+    with connect(dsn) as conn:
+        schema.check(conn)
+        waiting = [b.name for b in backfill.pending(conn)]
+        unknown = [n for n in args.counter if n not in waiting]
+        if unknown:
+            raise ConfigurationError(f"no backfill is pending for {', '.join(unknown)}")
+        if not waiting:
+            print("no backfill pending")
+            return EXIT_OK
+        done = backfill.run(conn, args.counter or None, batch_size=args.batch_size)
+    for name, keys in sorted(done.items()):
+        print(f"{name}: backfilled, {keys} keys")
     return EXIT_OK
 
 
@@ -310,6 +339,14 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
 
     p = add("list", _cmd_list, "list declared counters")
     p.add_argument("--json", action="store_true")
+
+    p = add(
+        "backfill",
+        _cmd_backfill,
+        "count the existing rows into counters added or changed over them, in batches",
+    )
+    p.add_argument("counter", nargs="*", metavar="COUNTER", help="counters (default: all pending)")
+    p.add_argument("--batch-size", type=int, default=1000, help="keys per transaction (1000)")
 
     p = add("incr", _cmd_incr, "add to a counter")
     p.add_argument("name")
@@ -868,10 +905,17 @@ def _cmd_verify(args: argparse.Namespace, dsn: str) -> int:
         raise ConfigurationError(f"--sample must be a positive number of keys, got {args.sample}")
     if args.show < 0:
         raise ConfigurationError(f"--show must be zero or more, got {args.show}")
+    from pgcounters import backfill
+
     with connect(dsn) as conn:
         specs = _chosen_specs(conn, args.counter)
-        results = [verify(conn, spec, sample=args.sample) for spec in specs]
+        # a counter being backfilled is not wrong, it is not ready: said, not verified
+        filling = {b.name: b.keys_done for b in backfill.pending(conn)}
+        results = [
+            verify(conn, spec, sample=args.sample) for spec in specs if spec.name not in filling
+        ]
     drifted = [r for r in results if not r.ok]
+    waiting = [(s.name, filling[s.name]) for s in specs if s.name in filling]
     code = EXIT_DRIFT if drifted else EXIT_OK
     if args.json:
         print(json.dumps({
@@ -883,10 +927,13 @@ def _cmd_verify(args: argparse.Namespace, dsn: str) -> int:
                      for m in r.mismatches[: args.show]]}
                 for r in results
             ],
+            "backfilling": [name for name, _ in waiting],
             "sampled": args.sample, "drift": bool(drifted), "exit_code": code,
         }))  # fmt: skip
         return code
-    if not results:
+    for name, done in waiting:
+        print(f"{name}: backfilling ({done} keys done), verified when the backfill ends")
+    if not results and not waiting:
         print("no declared counters are recorded in this database")
         return code
     for r in results:

@@ -13,8 +13,8 @@ import logging
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, get_args
 
@@ -267,6 +267,14 @@ class Counters:
 
     # -- increments ---------------------------------------------------------
 
+    @contextmanager
+    def _applying(self, cur: psycopg.Cursor[Any]) -> Iterator[None]:
+        """A write of a counter column: past its guard, in a transaction (or savepoint)."""
+        with self.conn.transaction():
+            cur.execute("SELECT set_config('pgcounters.applying', 'on', true)")
+            yield
+            cur.execute("SELECT set_config('pgcounters.applying', '', true)")
+
     def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
         """Add ``delta`` to one counter.
 
@@ -285,8 +293,11 @@ class Counters:
             return None
         with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
             if counter.is_column:
-                cur.execute(counter.composed("direct_column"), (delta, encoded[0]))
-            elif self._writes_counters():
+                with self._applying(cur):
+                    cur.execute(counter.composed("direct_column"), (delta, encoded[0]))
+                    row = cur.fetchone()
+                return None if row is None else int(row[0])
+            if self._writes_counters():
                 # an UPDATE when the row exists (one statement, like the naive way);
                 # the first increment of a key creates it with the upsert
                 literal = array_literal(encoded)
@@ -347,8 +358,9 @@ class Counters:
         ):
             for kind, rows in by_kind.items():
                 if kind == "direct_column":
-                    for counter, encoded, total in rows:
-                        cur.execute(counter.composed("direct_column"), (total, encoded[0]))
+                    with self._applying(cur):
+                        for counter, encoded, total in rows:
+                            cur.execute(counter.composed("direct_column"), (total, encoded[0]))
                     continue
                 if kind == "direct" and not self._writes_counters():
                     cur.execute(

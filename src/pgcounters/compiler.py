@@ -31,11 +31,22 @@ from typing import Literal, TypeAlias
 
 from psycopg import sql
 
-from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, KeyExpr
+from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, KeyExpr, Table
 
-Event: TypeAlias = Literal["insert", "update", "delete", "truncate"]
+Event: TypeAlias = Literal["insert", "update", "delete", "truncate", "guard_update", "guard_insert"]
 EVENTS: tuple[Event, ...] = ("insert", "update", "delete", "truncate")
-_SUFFIX: dict[Event, str] = {"insert": "ins", "update": "upd", "delete": "del", "truncate": "trn"}
+# the row triggers that keep a counter column to pgcounters' writers (on the target table)
+GUARD_EVENTS: tuple[Event, ...] = ("guard_update", "guard_insert")
+_SUFFIX: dict[Event, str] = {
+    "insert": "ins",
+    "update": "upd",
+    "delete": "del",
+    "truncate": "trn",
+    "guard_update": "gup",
+    "guard_insert": "gin",
+}
+APPLYING = "pgcounters.applying"
+"""The transaction-local setting pgcounters' writers turn on around their UPDATE of a column."""
 OLD_TABLE = "pgc_old"
 NEW_TABLE = "pgc_new"
 MARKER_RE = re.compile(
@@ -52,6 +63,25 @@ class CompiledTrigger:
     name: str
     declare: tuple[tuple[str, str], ...]
     body: str
+    # the table the trigger is on (None: the spec's source table)
+    table: Table | None = None
+    # a guard: a BEFORE ... FOR EACH ROW trigger of the counter column, with a WHEN condition
+    column: str | None = None
+    condition: str | None = None
+
+    @property
+    def is_guard(self) -> bool:
+        return self.column is not None
+
+    @property
+    def operation(self) -> str:
+        """The trigger's event as SQL: ``INSERT``, ``UPDATE OF "col"``, ..."""
+        if self.event == "guard_insert":
+            return "INSERT"
+        if self.event == "guard_update":
+            assert self.column is not None
+            return "UPDATE OF " + _quote(self.column)
+        return self.event.upper()
 
     @property
     def old_table(self) -> str | None:
@@ -80,9 +110,9 @@ class CompiledSpec:
 
     def install_sql(self) -> sql.Composed:
         """CREATE OR REPLACE the functions and triggers (PostgreSQL 14+); safe to re-run."""
-        source = self.spec.source.identifier()
         statements: list[sql.Composable] = []
         for trigger in self.triggers:
+            source = (trigger.table or self.spec.source).identifier()
             function = sql.Identifier("pgcounters", trigger.name)
             referencing: list[sql.Composable] = []
             if trigger.old_table:
@@ -94,15 +124,18 @@ class CompiledSpec:
                     "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS {}"
                 ).format(function, sql.Literal(trigger.function_source())),
                 sql.SQL(
-                    "CREATE OR REPLACE TRIGGER {} AFTER {} ON {} {} FOR EACH STATEMENT "
+                    "CREATE OR REPLACE TRIGGER {} {} {} ON {} {} FOR EACH {} {}"
                     "EXECUTE FUNCTION {}()"
                 ).format(
                     sql.Identifier(trigger.name),
-                    sql.SQL(trigger.event.upper()),
+                    sql.SQL("BEFORE" if trigger.is_guard else "AFTER"),
+                    sql.SQL(trigger.operation),
                     source,
                     sql.SQL("REFERENCING ") + sql.SQL(" ").join(referencing)
                     if referencing
                     else sql.SQL(""),
+                    sql.SQL("ROW" if trigger.is_guard else "STATEMENT"),
+                    sql.SQL(f"WHEN ({trigger.condition}) " if trigger.condition else ""),
                     function,
                 ),
                 sql.SQL("COMMENT ON TRIGGER {} ON {} IS {}").format(
@@ -119,7 +152,7 @@ class CompiledSpec:
         for trigger in self.triggers:
             statements += [
                 sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-                    sql.Identifier(trigger.name), self.spec.source.identifier()
+                    sql.Identifier(trigger.name), (trigger.table or self.spec.source).identifier()
                 ),
                 sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
                     sql.Identifier("pgcounters", trigger.name)
@@ -133,6 +166,11 @@ def trigger_name(spec_name: str, event: Event) -> str:
     slug = re.sub(r"[^a-z0-9]+", "_", spec_name.lower()).strip("_")[:30]
     digest = hashlib.sha256(spec_name.encode()).hexdigest()[:6]
     return f"pgc_{slug}_{digest}_{_SUFFIX[event]}"
+
+
+def _quote(identifier: str) -> str:
+    """An identifier quoted as PostgreSQL quotes it (for trigger conditions and events)."""
+    return '"' + identifier.replace('"', '""') + '"'
 
 
 # -- pieces ------------------------------------------------------------------
@@ -279,11 +317,27 @@ def _apply(spec: CounterSpec, event: Event) -> tuple[list[tuple[str, str]], sql.
         "        -- lock the parent rows in key order, as the drain does: no deadlock\n"
         "        PERFORM 1 FROM {parent} AS x WHERE x.{key_col} = ANY (_pgc_keys)\n"
         "          ORDER BY x.{key_col} FOR NO KEY UPDATE;\n"
-        "        UPDATE {parent} AS x SET {col} = coalesce(x.{col}, 0) + u.delta\n"
-        "          FROM unnest(_pgc_keys, _pgc_deltas) AS u(key, delta)\n"
-        "         WHERE x.{key_col} = u.key;\n"
+        "        PERFORM set_config({applying}, 'on', true);\n"
+        "        -- a parent this statement cannot see yet (a deferred foreign key, a\n"
+        "        -- parent inserted by a transaction that committed since) gets its\n"
+        "        -- delta queued: the drain applies it once the row is there\n"
+        "        WITH applied AS (\n"
+        "            UPDATE {parent} AS x SET {col} = coalesce(x.{col}, 0) + u.delta\n"
+        "              FROM unnest(_pgc_keys, _pgc_deltas) AS u(key, delta)\n"
+        "             WHERE x.{key_col} = u.key RETURNING u.key)\n"
+        "        INSERT INTO pgcounters.queue (target_id, key, delta)\n"
+        "            SELECT _pgc_target, ARRAY[u.key::text]::text[], u.delta\n"
+        "              FROM unnest(_pgc_keys, _pgc_deltas) AS u(key, delta)\n"
+        "             WHERE u.key NOT IN (SELECT a.key FROM applied AS a);\n"
+        "        PERFORM set_config({applying}, '', true);\n"
         "    END IF;\n"
-    ).format(net=_net(spec, event, typed=True), parent=parent, key_col=key_col, col=col)
+    ).format(
+        net=_net(spec, event, typed=True),
+        parent=parent,
+        key_col=key_col,
+        col=col,
+        applying=sql.Literal(APPLYING),
+    )
     return declare, body
 
 
@@ -307,6 +361,67 @@ def compile_trigger(spec: CounterSpec, event: Event) -> CompiledTrigger:
     return CompiledTrigger(spec.name, event, trigger_name(spec.name, event), tuple(declare), text)
 
 
+def compile_guard(spec: CounterSpec, event: Event) -> CompiledTrigger:
+    """A row trigger on the target table that keeps the counter column to pgcounters.
+
+    ``guard_update`` (``BEFORE UPDATE OF column``) refuses a change of the value unless
+    one of pgcounters' writers (drain, recount, backfill, a direct trigger) has turned
+    on the transaction-local ``pgcounters.applying`` around its UPDATE. The trigger's
+    condition (the value changes) is evaluated without a function call; an UPDATE that
+    does not name the column never evaluates it; one that sets the column to its own
+    value (a Django ``save()``) evaluates only the condition.
+    ``guard_insert`` starts a new row's counter at 0 whatever the INSERT says (NULL
+    included: the column needs no default for a raw INSERT to work).
+    """
+    t = spec.target
+    assert isinstance(t, ColumnTarget)
+    col = _quote(t.column)
+    marker = (
+        f"    -- pgcounters spec fingerprint={spec.fingerprint} event={event} name={spec.name}\n"
+    )
+    if event == "guard_insert":
+        body = sql.SQL("    NEW.{col} := 0;\n    RETURN NEW;\n").format(
+            col=sql.Identifier(t.column)
+        )
+        condition = f"NEW.{col} IS DISTINCT FROM 0"
+    else:
+        # the flag is read in the function, not in the condition: a function call in the
+        # condition was measured to cost an UPDATE naming the column (Django's save())
+        # far more than the condition alone; pgcounters' writers pay the function call
+        body = sql.SQL(
+            "    IF current_setting({applying}, true) = 'on' THEN\n"
+            "        RETURN NEW;\n"
+            "    END IF;\n"
+            "    RAISE EXCEPTION USING ERRCODE = 'PCC01', MESSAGE = {message}, HINT = {hint};\n"
+        ).format(
+            applying=sql.Literal(APPLYING),
+            message=sql.Literal(
+                f"column {t.column} of table {t.table} is counter {spec.name}, kept by "
+                "pgcounters: only the rows it counts change it"
+            ),
+            hint=sql.Literal(f"to repair the counter: pgcounters recount {spec.name}"),
+        )
+        condition = f"OLD.{col} IS DISTINCT FROM NEW.{col}"
+    return CompiledTrigger(
+        spec.name,
+        event,
+        trigger_name(spec.name, event),
+        (),
+        marker + body.as_string(),
+        table=t.table,
+        column=t.column,
+        condition=condition,
+    )
+
+
+def events_of(spec: CounterSpec) -> tuple[Event, ...]:
+    """The triggers a spec has: four on its source table, two guards for a counter column."""
+    return EVENTS + GUARD_EVENTS if isinstance(spec.target, ColumnTarget) else EVENTS
+
+
 def compile_spec(spec: CounterSpec) -> CompiledSpec:
-    """Compile a spec into its four triggers."""
-    return CompiledSpec(spec, tuple(compile_trigger(spec, event) for event in EVENTS))
+    """Compile a spec into its triggers: four counting ones, and the guards of a column."""
+    triggers = [compile_trigger(spec, event) for event in EVENTS]
+    if isinstance(spec.target, ColumnTarget):
+        triggers += [compile_guard(spec, event) for event in GUARD_EVENTS]
+    return CompiledSpec(spec, tuple(triggers))

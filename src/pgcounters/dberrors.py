@@ -28,6 +28,8 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PCQ07": errors.InvalidCost,
     "PCQ08": errors.InvalidQuotaArgument,
     "PC006": errors.ConfigurationError,
+    "PCC01": errors.CounterColumnWrite,
+    "PCB01": errors.CounterBackfilling,
 }
 
 _CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {

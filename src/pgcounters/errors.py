@@ -73,6 +73,14 @@ class CounterOverflow(CounterError):
     """A counter value would leave the range of a PostgreSQL bigint."""
 
 
+class CounterColumnWrite(CounterError):
+    """A counter column is kept by pgcounters: only the rows it counts change it."""
+
+
+class CounterBackfilling(CounterError):
+    """The counter is being backfilled: its exact values are ready when the backfill ends."""
+
+
 class DrainError(PgCountersError):
     """Draining the queue failed."""
 

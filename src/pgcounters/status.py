@@ -750,6 +750,38 @@ class ReliabilitySection:
                     f"  {r.operation}: {r.retries:,} ({r.reason}), last at "
                     f"{r.last_at:%Y-%m-%d %H:%M:%S}"
                 )
+# -- the backfills section: counters being recomputed over existing rows --------------
+
+BACKFILL_SCHEMA_VERSION = 9
+"""The schema version that added online backfills (``pgcounters.backfills``)."""
+
+
+@dataclass(frozen=True)
+class BackfillStatus:
+    counter: str
+    keys_done: int
+    seconds: float
+    """Since the backfill was requested."""
+
+
+@dataclass(frozen=True)
+class BackfillsSection:
+    """Counters whose values are being backfilled (a status section)."""
+
+    counters: tuple[BackfillStatus, ...]
+    name: str = "backfills"
+
+    def as_json(self) -> object:
+        return {"backfilling": len(self.counters), "counters": [asdict(c) for c in self.counters]}
+
+    def lines(self) -> list[str]:
+        if not self.counters:
+            return ["backfills: none"]
+        out = [f"backfills: {len(self.counters)} counters backfilling (the worker runs them)"]
+        out += [
+            f"  {c.counter}  backfilling, {c.keys_done} keys done in {c.seconds:.0f}s"
+            for c in self.counters
+        ]
         return out
 
     def metrics(self) -> list[Metric]:
@@ -785,6 +817,16 @@ class ReliabilitySection:
                     ((("operation", r.operation), ("reason", r.reason)), r.retries)
                     for r in self.retries
                 ),
+                "pgcounters_backfill_keys_done",
+                "Keys done by the backfill of a counter (present while it runs).",
+                "gauge",
+                tuple(((("counter", c.counter),), c.keys_done) for c in self.counters),
+            ),
+            Metric(
+                "pgcounters_backfills",
+                "Counters being backfilled.",
+                "gauge",
+                (((), len(self.counters)),),
             ),
         ]
 
@@ -816,3 +858,16 @@ def collect_reliability(conn: psycopg.Connection[Any]) -> ReliabilitySection:
 
 
 register_section("reliability", collect_reliability)
+def collect_backfills(conn: psycopg.Connection[Any]) -> BackfillsSection:
+    """The ``backfills`` section (empty on a schema older than backfills)."""
+    installed = schema.state(conn).installed
+    if installed is None or installed < BACKFILL_SCHEMA_VERSION:
+        return BackfillsSection(())
+    rows = conn.execute(
+        "SELECT name, keys_done, extract(epoch FROM now() - requested_at)::float8"
+        " FROM pgcounters.backfills ORDER BY name"
+    ).fetchall()
+    return BackfillsSection(tuple(BackfillStatus(r[0], int(r[1]), float(r[2])) for r in rows))
+
+
+register_section("backfills", collect_backfills)

@@ -21,16 +21,18 @@ from psycopg.types.json import Jsonb
 from pgcounters import schema
 from pgcounters.compiler import (
     EVENTS,
+    GUARD_EVENTS,
     MARKER_RE,
     compile_spec,
     ensure_target_call,
+    events_of,
     trigger_name,
     truth_query,
 )
 from pgcounters.dberrors import translate, translated
 from pgcounters.errors import CounterDeliveredElsewhere, InvalidCounterDefinition, UnknownCounter
 from pgcounters.keys import check_name
-from pgcounters.specs import CounterSpec
+from pgcounters.specs import ColumnTarget, CounterSpec
 from pgcounters.sqlfiles import query
 
 State: TypeAlias = Literal["installed", "outdated", "missing", "disabled", "undeclared"]
@@ -86,28 +88,46 @@ def record(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
     )
 
 
-def install(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec]) -> list[str]:
+def install(
+    conn: psycopg.Connection[Any], specs: Iterable[CounterSpec], *, backfill: bool = True
+) -> list[str]:
     """Validate, declare and install counters, all or none (one transaction). Idempotent.
 
-    Each spec gets its target declared (``pgcounters.targets``), its four
-    triggers created or replaced, and its definition recorded. Returns the
-    names installed. A counter whose triggers were delivered another way (by
+    Each spec gets its target declared (``pgcounters.targets``), its
+    triggers created or replaced (four on the source table; for a counter
+    column, two guards on the parent table), and its definition recorded.
+    Returns the names installed. A counter whose triggers were delivered another way (by
     Django migrations through django-pgtrigger, say) is refused with
     :class:`CounterDeliveredElsewhere`: two sets of triggers would count twice.
+
+    A counter installed for the first time or with another definition is
+    marked for a backfill in the same transaction (its values must count the
+    rows already there). With ``backfill`` (the default) it then runs, batch by
+    batch, when the connection is not in a transaction; otherwise the worker
+    or ``pgcounters backfill`` runs it (:mod:`pgcounters.backfill`).
     """
+    from pgcounters import backfill as backfills
+
     chosen = list(specs)
     _check_unique(chosen)
     schema.check(conn)
+    changed: list[str] = []
     with translated(), conn.transaction():
         present = installed(conn)
         _refuse_other_deliveries(chosen, present)
         _drop_moved(conn, chosen, present)
+        before = {s.name: s.fingerprint for s in declared(conn)}
         for spec in chosen:
             validate(conn, spec)
             compiled = compile_spec(spec)
             conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec)))
             conn.execute(compiled.install_sql())
             record(conn, spec)
+            if before.get(spec.name) != spec.fingerprint:
+                backfills.request(conn, spec)
+                changed.append(spec.name)
+    if backfill and changed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        backfills.run(conn, changed)
     return [spec.name for spec in chosen]
 
 
@@ -115,7 +135,7 @@ def _refuse_other_deliveries(
     specs: Sequence[CounterSpec], present: Sequence[InstalledTrigger]
 ) -> None:
     wanted = {spec.name for spec in specs}
-    ours = {trigger_name(name, event) for name in wanted for event in EVENTS}
+    ours = {trigger_name(name, event) for name in wanted for event in EVENTS + GUARD_EVENTS}
     others = sorted(
         (t.spec_name, t.trigger) for t in present if t.spec_name in wanted and t.trigger not in ours
     )
@@ -130,7 +150,11 @@ def _refuse_other_deliveries(
 
 
 def _on_source(spec: CounterSpec, t: InstalledTrigger) -> bool:
-    return (t.schema, t.table) == (spec.source.schema, spec.source.name)
+    """True when the trigger is on the table it belongs on (a guard: the target's)."""
+    table = spec.source
+    if t.event in GUARD_EVENTS and isinstance(spec.target, ColumnTarget):
+        table = spec.target.table
+    return (t.schema, t.table) == (table.schema, table.name)
 
 
 def _drop_moved(
@@ -165,7 +189,7 @@ def uninstall(conn: psycopg.Connection[Any], name: str, *, drop_values: bool = F
                     sql.Identifier(t.trigger), sql.Identifier(t.schema, t.table)
                 )
             )
-        for event in EVENTS:
+        for event in EVENTS + GUARD_EVENTS:
             conn.execute(
                 sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
                     sql.Identifier("pgcounters", trigger_name(name, event))
@@ -173,6 +197,7 @@ def uninstall(conn: psycopg.Connection[Any], name: str, *, drop_values: bool = F
             )
         cur = conn.execute(query("forget_spec"), {"name": name})
         recorded = cur.rowcount > 0
+        conn.execute("DELETE FROM pgcounters.backfills WHERE name = %s", (name,))
         dropped = False
         if drop_values:
             row = conn.execute("SELECT pgcounters.drop_counter(%s)", (name,)).fetchone()
@@ -239,7 +264,7 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
             t.trigger for t in found if t.fingerprint != s.fingerprint or not _on_source(s, t)
         )
         off = sorted(t.trigger for t in found if not t.enabled)
-        absent = [e for e in EVENTS if e not in events]
+        absent = [e for e in events_of(s) if e not in events]
         if stale:
             out.append(Drift(s.name, "outdated", f"triggers from another definition: {stale}"))
         elif absent:

@@ -36,12 +36,13 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg
 
-from pgcounters import schema
+from pgcounters import backfill, schema
 from pgcounters.client import Counters
 from pgcounters.config import connect, redact
 from pgcounters.errors import (
     ConfigurationError,
     ConnectionFailed,
+    PermissionDenied,
     PgCountersError,
     SchemaError,
     WorkerError,
@@ -169,6 +170,7 @@ class Worker:
         self._lock = threading.Lock()
         self._stats = WorkerStats(batch_size=self.settings.batch_size)
         self._batch_size = self.settings.batch_size
+        self._backfills = True  # off once the role turns out unable to run them
         self._listening = False
         self._summary = (time.monotonic(), 0, 0)
 
@@ -385,6 +387,13 @@ class Worker:
                     "%d deltas could not be applied and were set aside (%s queue): "
                     "see `pgcounters quarantine list`", batch.quarantined, queue,
                 )  # fmt: skip
+        if not full and not self._stop.is_set() and self._backfills:
+            # the queues are drained: one batch of a pending backfill, if any
+            try:
+                got += backfill.step(conn, min(self._batch_size, 1000))
+            except PermissionDenied as exc:
+                self._backfills = False
+                logger.warning("backfills left to others: %s (see `pgcounters grant`)", exc)
         with self._lock:
             self._stats.rounds += 1
         self._maybe_summarise()

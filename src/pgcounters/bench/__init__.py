@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pgcounters.bench import blog, drain, hot, quota
+from pgcounters.bench import blog, columns, drain, hot, quota
 from pgcounters.bench.report import LISTENERS, Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
@@ -44,6 +44,8 @@ SCENARIOS: dict[str, Runner] = {
     "trigger-overhead": blog.trigger_overhead,
     "top-n": blog.top_n,
     "exact-read": blog.exact_read,
+    "column-guard": columns.column_guard,
+    "backfill": columns.backfill_scenario,
 }
 
 DEFAULT_OUTPUT = "bench-results"

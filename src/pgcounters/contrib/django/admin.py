@@ -25,6 +25,7 @@ from django.db.models import (
     Sum,
     TextField,
 )
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Coalesce
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -102,7 +103,7 @@ class CounterAdmin(ReadOnly, _CounterAdmin):
 
     actions = None
 
-    list_display = ("name", "kept_in", "key", "mode", "queued", "values_link")
+    list_display = ("name", "kept_in", "key", "mode", "queued", "state", "values_link")
     list_display_links = None
     list_filter = ("mode",)
     search_fields = ("name",)
@@ -112,8 +113,20 @@ class CounterAdmin(ReadOnly, _CounterAdmin):
         return (
             super()
             .get_queryset(request)
-            .annotate(queued=_queued(PendingDelta) + _queued(UnloggedPendingDelta))
+            .annotate(
+                queued=_queued(PendingDelta) + _queued(UnloggedPendingDelta),
+                backfilled=RawSQL(
+                    "SELECT b.keys_done FROM pgcounters.backfills AS b"
+                    " WHERE b.name = pgcounters.targets.name",
+                    (),
+                ),
+            )
         )
+
+    @admin.display(description="state")
+    def state(self, obj: Counter) -> str:
+        done = getattr(obj, "backfilled", None)
+        return "ready" if done is None else f"backfilling ({done} keys done)"
 
     @admin.display(description="values in")
     def kept_in(self, obj: Counter) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
+from psycopg import sql
 
 
 class PgCountersConfig(AppConfig):
@@ -28,12 +29,53 @@ class PgCountersConfig(AppConfig):
         migration_deps.install()
 
 
-def _record_specs(using: str, **kwargs: Any) -> None:
-    """After migrate: record the declared specs, for verify, recount and status."""
+def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
+    """After migrate: declare and record the counters, backfill new or changed ones.
+
+    * every declared counter gets its target (``pgcounters list`` shows it at
+      once) and its recorded spec (for verify, recount, status);
+    * a counter recorded for the first time or with another definition is
+      marked for a backfill in the same transaction, and the backfill runs here
+      (``PGCOUNTERS_BACKFILL = "migrate"``, the default) or in the worker
+      (``"worker"``);
+    * a recorded counter no model declares any more and whose triggers are gone
+      (a removed ``CountField``) is dropped: its spec, values and pending deltas.
+    """
+    from django.conf import settings
+
+    from pgcounters import backfill
+    from pgcounters.compiler import ensure_target_call
     from pgcounters.contrib.django.db import psycopg_connection
     from pgcounters.contrib.django.declarations import declared_counters
-    from pgcounters.triggers import record
+    from pgcounters.triggers import declared, installed, record, uninstall
 
+    when = getattr(settings, "PGCOUNTERS_BACKFILL", "migrate")
+    if when not in ("migrate", "worker"):
+        from pgcounters.errors import ConfigurationError
+
+        raise ConfigurationError(f'PGCOUNTERS_BACKFILL must be "migrate" or "worker", got {when!r}')
+    specs = [spec for _, spec in declared_counters()]
     with psycopg_connection(using) as conn:
-        for _, spec in declared_counters():
-            record(conn, spec)
+        with conn.transaction():
+            before = {s.name: s.fingerprint for s in declared(conn)}
+            for spec in specs:
+                conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec)))
+                record(conn, spec)
+                if before.get(spec.name) != spec.fingerprint:
+                    backfill.request(conn, spec)
+        names = {spec.name for spec in specs}
+        live = {t.spec_name for t in installed(conn)}
+        for name in sorted(set(before) - names - live):
+            uninstall(conn, name, drop_values=True)
+            with conn.transaction():
+                backfill.cancel(conn, name)
+        if when == "migrate" and backfill.pending(conn):
+
+            def report(name: str, keys: int) -> None:
+                if verbosity >= 2:
+                    print(f"  backfilled {keys} keys of {name}")
+
+            done = backfill.run(conn, progress=report)
+            if verbosity >= 1 and any(done.values()):
+                for name, keys in sorted(done.items()):
+                    print(f"  Backfilled counter {name}: {keys} keys")

@@ -16,6 +16,7 @@ objects when the app registry is ready:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from django.db.models.sql import Query
 
 from pgcounters.client import Mode
 from pgcounters.errors import InvalidCounterDefinition
-from pgcounters.keys import KeyType
+from pgcounters.keys import Key, KeyType
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 
 _KEY_TYPES: dict[str, KeyType] = {
@@ -118,6 +119,18 @@ class CountField(models.BigIntegerField):  # type: ignore[type-arg]
         kwargs.setdefault("db_index", True)
         super().__init__(**kwargs)
 
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        """What ``save()`` writes: never the instance's value.
+
+        A new row starts at 0 (its counted rows add to it); an UPDATE writes
+        ``column = column``, so a stale instance cannot put an old value back
+        (the database keeps the value it has, whatever the instance holds).
+        """
+        if add:
+            setattr(model_instance, self.attname, 0)
+            return 0
+        return models.F(self.attname)
+
     def deconstruct(self) -> Any:
         name, _path, args, kwargs = super().deconstruct()
         # the declaration lives in the triggers; the column is a plain bigint for migrations
@@ -194,6 +207,34 @@ class NamedCounter:
             sum=None if self.sum is None else _column(self.model, self.sum),
             mode=self.mode,
         )
+
+    # reads and increments on Django's connection (pgcounters.contrib.django.counters)
+
+    def get(self, key: object = None, *, exact: bool = True, using: str = "default") -> int:
+        """The value for ``key`` (a model instance, a value, a tuple; nothing when global)."""
+        from pgcounters.contrib.django import counters
+
+        return counters.get(self.name, key, exact=exact, using=using)
+
+    def get_many(
+        self, keys: Iterable[object], *, exact: bool = True, using: str = "default"
+    ) -> list[int]:
+        """The values for many keys, in the order given, in one statement."""
+        from pgcounters.contrib.django import counters
+
+        return counters.get_many(self.name, keys, exact=exact, using=using)
+
+    def top(self, n: int = 10, *, using: str = "default") -> list[tuple[Key, int]]:
+        """The ``n`` keys with the highest stored values, highest first."""
+        from pgcounters.contrib.django import counters
+
+        return counters.top(self.name, n, using=using)
+
+    def incr(self, key: object = None, delta: int = 1, *, using: str = "default") -> int | None:
+        """Add ``delta`` by hand, in the current transaction (rows are counted by themselves)."""
+        from pgcounters.contrib.django import counters
+
+        return counters.incr(self.name, key, delta, using=using)
 
 
 _named: dict[str, NamedCounter] = {}

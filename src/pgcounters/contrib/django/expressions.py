@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models.expressions import Expression
 
 from pgcounters.contrib.django.declarations import CountField
+from pgcounters.specs import ColumnTarget, CounterSpec
 
 
 class Exact(Expression):
@@ -56,4 +57,44 @@ class Exact(Expression):
         )
         text = template.format(column=column_sql, key=key_sql)
         name = self._name  # type: ignore[attr-defined]
-        return text, (*column_params, name, *key_params, name, *key_params)
+        params = (*column_params, name, *key_params, name, *key_params)
+        # While the counter is backfilled, a key beyond the backfill's cursor is counted
+        # from the source table (same statement, same snapshot as the cursor). Both
+        # lookups of the backfill are uncorrelated: run once per query.
+        spec = self._counter.spec() if self._counter is not None else None
+        if spec is None or key_params:  # pragma: no cover - a key column has no parameters
+            return text, params
+        assert isinstance(spec.target, ColumnTarget)
+        truth = truth_of_key(spec, key_sql).replace("%", "%%")
+        backfill = "(SELECT {} FROM pgcounters.backfills AS b WHERE b.name = %s)"
+        guarded = "".join(
+            [
+                "(CASE WHEN NOT EXISTS ",
+                backfill.format("1"),
+                " OR ",
+                key_sql,
+                " <= ",
+                backfill.format(f"(b.cursor_key[1])::{spec.target.key_type}"),
+                " THEN ",
+                text,
+                " ELSE (",
+                truth,
+                ") END)",
+            ]
+        )
+        return guarded, (name, name, *params)
+
+
+def truth_of_key(spec: CounterSpec, key_sql: str) -> str:
+    """SQL of the truth of one key of a column counter: its rows counted in the source."""
+    from psycopg import sql
+
+    from pgcounters.compiler import truth_query
+    from pgcounters.recount import _key_expr
+
+    extra = sql.SQL("{} = {}").format(_key_expr(spec), sql.SQL(key_sql))
+    return (
+        sql.SQL("SELECT coalesce(sum(k.delta), 0) FROM ({}) AS k")
+        .format(truth_query(spec, extra))
+        .as_string()
+    )

@@ -1,0 +1,196 @@
+"""Online backfill of counters added or changed over tables that already have rows.
+
+When a counter's definition is recorded for the first time, or with another
+fingerprint (a new filter, sum or key), its stored values say nothing about
+the rows written before its triggers were installed. :func:`request` marks it
+in ``pgcounters.backfills`` (in the caller's transaction, with the triggers);
+:func:`run` (``migrate``, ``pgcounters backfill``, ``triggers.install``) and
+:func:`step` (the worker, one batch per idle round) recompute its values in
+key order, a batch of keys per transaction, exactly as a recount does (lock
+the batch's counter rows, then ``stored = truth - pending`` from one
+snapshot): a writer waits at most for one batch. The cursor moves in the
+batch's own transaction, so a reader sees, in one snapshot, which keys are
+done. Interrupted, it resumes from its cursor; the last batch deletes the row.
+
+While a counter is backfilled, exact reads of a key beyond the cursor are
+computed from the source table (Django's ``Exact``), or refused with
+:class:`~pgcounters.errors.CounterBackfilling`; never a number that misses
+the rows written before the counter existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from pgcounters import recount as _recount
+from pgcounters.dberrors import translated
+from pgcounters.errors import InvalidCounterDefinition
+from pgcounters.specs import ColumnTarget, CounterSpec
+from pgcounters.triggers import declared
+
+Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """A counter whose values are being recomputed."""
+
+    name: str
+    fingerprint: str
+    keys_done: int
+    cursor: tuple[str, ...] | None
+    requested_at: datetime
+
+
+def request(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
+    """Mark ``spec`` for a backfill from its first key (in the caller's transaction)."""
+    conn.execute(
+        "INSERT INTO pgcounters.backfills (name, fingerprint) VALUES (%s, %s)"
+        " ON CONFLICT (name) DO UPDATE SET fingerprint = excluded.fingerprint,"
+        " cursor_key = NULL, keys_done = 0, requested_at = now(), updated_at = now()",
+        (spec.name, spec.fingerprint),
+    )
+
+
+def cancel(conn: psycopg.Connection[Any], name: str) -> None:
+    """Forget the backfill of a counter that is gone."""
+    conn.execute("DELETE FROM pgcounters.backfills WHERE name = %s", (name,))
+
+
+def pending(conn: psycopg.Connection[Any]) -> list[Backfill]:
+    """Counters being backfilled, by name."""
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            "SELECT name, fingerprint, keys_done, cursor_key, requested_at"
+            " FROM pgcounters.backfills ORDER BY name"
+        )
+        return [
+            Backfill(r[0], r[1], int(r[2]), None if r[3] is None else tuple(r[3]), r[4])
+            for r in cur.fetchall()
+        ]
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not batch_size >= 1:
+        raise InvalidCounterDefinition(f"batch size must be a positive integer, got {batch_size!r}")
+
+
+def run(
+    conn: psycopg.Connection[Any],
+    names: Sequence[str] | None = None,
+    *,
+    batch_size: int = 1000,
+    progress: Progress | None = None,
+) -> dict[str, int]:
+    """Backfill the pending counters (or those named) to the end. Returns keys done per name.
+
+    Each batch is a transaction of its own; the connection must not be in a
+    transaction. Another process backfilling the same counter at the same time
+    is not waited for: its batches and ours take turns (the backfill row is
+    taken with ``SKIP LOCKED``), each from the cursor the other left.
+    """
+    _check_batch_size(batch_size)
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise psycopg.ProgrammingError(
+            "a backfill commits per batch: call it outside a transaction"
+        )
+    done: dict[str, int] = {}
+    wanted = [b.name for b in pending(conn) if names is None or b.name in names]
+    for name in wanted:
+        done[name] = 0
+        resolved: dict[str, tuple[CounterSpec, int]] = {}  # looked up once per run
+        while True:
+            keys, more = _batch(conn, name, batch_size, resolved)
+            done[name] += keys
+            if keys and progress is not None:
+                progress(name, keys)
+            if not more:
+                break
+    return done
+
+
+def step(conn: psycopg.Connection[Any], batch_size: int = 1000) -> int:
+    """One batch of the first pending backfill that is free; the keys it went through."""
+    _check_batch_size(batch_size)
+    for b in pending(conn):
+        keys, more = _batch(conn, b.name, batch_size)
+        if keys or not more:
+            return keys or 1  # a finished backfill counts as work done
+    return 0
+
+
+def _batch(
+    conn: psycopg.Connection[Any],
+    name: str,
+    batch_size: int,
+    resolved: dict[str, tuple[CounterSpec, int]] | None = None,
+) -> tuple[int, bool]:
+    """One batch of one counter's backfill: (keys done, whether it goes on).
+
+    ``resolved`` caches the counter's spec and target id across the batches of a run.
+    """
+    cache = {} if resolved is None else resolved
+    with translated(), conn.transaction():
+        row = conn.execute(
+            "SELECT fingerprint, cursor_key FROM pgcounters.backfills WHERE name = %s"
+            " FOR UPDATE SKIP LOCKED",
+            (name,),
+        ).fetchone()
+        if row is None:  # finished, or another process is running a batch of it
+            return 0, False
+        fingerprint, cursor = row[0], row[1]
+        if name in cache and cache[name][0].fingerprint == fingerprint:
+            spec, target = cache[name]
+        else:
+            found = next((s for s in declared(conn) if s.name == name), None)
+            if found is None or found.fingerprint != fingerprint:
+                # the counter is gone, or changed again (a newer request replaces this one)
+                if found is None:
+                    cancel(conn, name)
+                return 0, False
+            spec, target = found, _recount._target_id(conn, found)
+            cache[name] = (spec, target)
+        if isinstance(spec.target, ColumnTarget):
+            keys: list[Any] = _column_keys(conn, spec, cursor, batch_size)
+            if keys:
+                _recount._recount_column(conn, spec, target, keys)
+                last = [str(keys[-1])]
+        else:
+            named = _recount._named_keys(conn, spec, target, cursor, None)[:batch_size]
+            keys = named
+            if named:
+                _recount._recount_named(conn, spec, target, named)
+                last = list(named[-1])
+        if not keys:
+            cancel(conn, name)
+            return 0, False
+        conn.execute(
+            "UPDATE pgcounters.backfills SET cursor_key = %s, keys_done = keys_done + %s,"
+            " updated_at = now() WHERE name = %s",
+            (last, len(keys), name),
+        )
+        return len(keys), True
+
+
+def _column_keys(
+    conn: psycopg.Connection[Any], spec: CounterSpec, cursor: list[str] | None, limit: int
+) -> list[Any]:
+    t = spec.target
+    assert isinstance(t, ColumnTarget)
+    k = sql.Identifier(t.key_column)
+    rows = conn.execute(
+        sql.SQL("SELECT {k} FROM {p} WHERE {w} ORDER BY {k} LIMIT {n}").format(
+            k=k,
+            p=t.table.identifier(),
+            w=_recount._range_filter(k, t.key_type, cursor[0] if cursor else None, None),
+            n=sql.Literal(limit),
+        )
+    ).fetchall()
+    return [r[0] for r in rows]
