@@ -750,6 +750,74 @@ class ReliabilitySection:
                     f"  {r.operation}: {r.retries:,} ({r.reason}), last at "
                     f"{r.last_at:%Y-%m-%d %H:%M:%S}"
                 )
+        return out
+
+    def metrics(self) -> list[Metric]:
+        return [
+            Metric(
+                "pgcounters_quarantined_deltas",
+                "Deltas set aside because they could not be applied (pgcounters quarantine).",
+                "gauge",
+                tuple(
+                    ((("counter", g.counter), ("sqlstate", g.sqlstate)), g.deltas)
+                    for g in self.quarantined
+                )
+                or (((), 0),),
+            ),
+            Metric(
+                "pgcounters_quarantined_deltas_total",
+                "Deltas the drain set aside, since install.",
+                "counter",
+                tuple(((("queue", k),), v) for k, v in sorted(self.quarantined_total.items())),
+            ),
+            Metric(
+                "pgcounters_busy_deltas_total",
+                "Deltas left queued for a later batch because their parent row was busy.",
+                "counter",
+                tuple(((("queue", k),), v) for k, v in sorted(self.busy_total.items())),
+            ),
+            Metric(
+                "pgcounters_retried_batches_total",
+                "Batches PostgreSQL aborted (deadlock, serialization failure, lock or "
+                "statement timeout) that were retried.",
+                "counter",
+                tuple(
+                    ((("operation", r.operation), ("reason", r.reason)), r.retries)
+                    for r in self.retries
+                ),
+            ),
+        ]
+
+
+RELIABILITY_SCHEMA_VERSION = 8
+"""The schema version that added the quarantine and the retry counts."""
+
+
+def collect_reliability(conn: psycopg.Connection[Any]) -> ReliabilitySection:
+    """The ``reliability`` section: quarantine, busy rows, retried batches."""
+    installed = schema.state(conn).installed
+    if installed is None or installed < RELIABILITY_SCHEMA_VERSION:
+        return ReliabilitySection((), (), {}, {}, available=False)
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(_ops("status_quarantine"))
+        groups = tuple(
+            QuarantineGroup(str(r[0]), str(r[1]), str(r[2]), int(r[3]), r[4])
+            for r in cur.fetchall()
+        )
+        cur.execute(_ops("status_retries"))
+        retries = tuple(RetryCount(str(r[0]), str(r[1]), int(r[2]), r[3]) for r in cur.fetchall())
+        cur.execute(_ops("status_drain_aside"))
+        busy: dict[str, int] = {}
+        aside: dict[str, int] = {}
+        for unlogged, b, qd in cur.fetchall():
+            busy[_queue_label(bool(unlogged))] = int(b)
+            aside[_queue_label(bool(unlogged))] = int(qd)
+    return ReliabilitySection(groups, retries, busy, aside)
+
+
+register_section("reliability", collect_reliability)
+
+
 # -- the backfills section: counters being recomputed over existing rows --------------
 
 BACKFILL_SCHEMA_VERSION = 9
@@ -787,36 +855,6 @@ class BackfillsSection:
     def metrics(self) -> list[Metric]:
         return [
             Metric(
-                "pgcounters_quarantined_deltas",
-                "Deltas set aside because they could not be applied (pgcounters quarantine).",
-                "gauge",
-                tuple(
-                    ((("counter", g.counter), ("sqlstate", g.sqlstate)), g.deltas)
-                    for g in self.quarantined
-                )
-                or (((), 0),),
-            ),
-            Metric(
-                "pgcounters_quarantined_deltas_total",
-                "Deltas the drain set aside, since install.",
-                "counter",
-                tuple(((("queue", k),), v) for k, v in sorted(self.quarantined_total.items())),
-            ),
-            Metric(
-                "pgcounters_busy_deltas_total",
-                "Deltas left queued for a later batch because their parent row was busy.",
-                "counter",
-                tuple(((("queue", k),), v) for k, v in sorted(self.busy_total.items())),
-            ),
-            Metric(
-                "pgcounters_retried_batches_total",
-                "Batches PostgreSQL aborted (deadlock, serialization failure, lock or "
-                "statement timeout) that were retried.",
-                "counter",
-                tuple(
-                    ((("operation", r.operation), ("reason", r.reason)), r.retries)
-                    for r in self.retries
-                ),
                 "pgcounters_backfill_keys_done",
                 "Keys done by the backfill of a counter (present while it runs).",
                 "gauge",
@@ -831,33 +869,6 @@ class BackfillsSection:
         ]
 
 
-RELIABILITY_SCHEMA_VERSION = 8
-"""The schema version that added the quarantine and the retry counts."""
-
-
-def collect_reliability(conn: psycopg.Connection[Any]) -> ReliabilitySection:
-    """The ``reliability`` section: quarantine, busy rows, retried batches."""
-    installed = schema.state(conn).installed
-    if installed is None or installed < RELIABILITY_SCHEMA_VERSION:
-        return ReliabilitySection((), (), {}, {}, available=False)
-    with translated(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(_ops("status_quarantine"))
-        groups = tuple(
-            QuarantineGroup(str(r[0]), str(r[1]), str(r[2]), int(r[3]), r[4])
-            for r in cur.fetchall()
-        )
-        cur.execute(_ops("status_retries"))
-        retries = tuple(RetryCount(str(r[0]), str(r[1]), int(r[2]), r[3]) for r in cur.fetchall())
-        cur.execute(_ops("status_drain_aside"))
-        busy: dict[str, int] = {}
-        aside: dict[str, int] = {}
-        for unlogged, b, qd in cur.fetchall():
-            busy[_queue_label(bool(unlogged))] = int(b)
-            aside[_queue_label(bool(unlogged))] = int(qd)
-    return ReliabilitySection(groups, retries, busy, aside)
-
-
-register_section("reliability", collect_reliability)
 def collect_backfills(conn: psycopg.Connection[Any]) -> BackfillsSection:
     """The ``backfills`` section (empty on a schema older than backfills)."""
     installed = schema.state(conn).installed
