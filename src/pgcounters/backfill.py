@@ -157,26 +157,34 @@ def _batch(
                 return 0, False
             spec, target = found, _recount._target_id(conn, found)
             cache[name] = (spec, target)
+        held: list[Any] = []
         if isinstance(spec.target, ColumnTarget):
             keys: list[Any] = _column_keys(conn, spec, cursor, batch_size)
             if keys:
-                _recount._recount_column(conn, spec, target, keys)
-                last = [str(keys[-1])]
+                _, held = _recount._recount_column(conn, spec, target, keys)
+            texts = [[str(k)] for k in keys]
+            held_texts = [[str(k)] for k in held]
         else:
-            named = _recount._named_keys(conn, spec, target, cursor, None)[:batch_size]
-            keys = named
-            if named:
-                _recount._recount_named(conn, spec, target, named)
-                last = list(named[-1])
+            keys = _recount._named_keys(conn, spec, target, cursor, None)[:batch_size]
+            if keys:
+                _recount._create_named_rows(conn, target, keys)
+                _, held = _recount._recount_named(conn, spec, target, keys)
+            texts = [list(k) for k in keys]
+            held_texts = [list(k) for k in held]
         if not keys:
             cancel(conn, name)
             return 0, False
+        # the cursor stops before the first key whose row an application held (the recount
+        # left it alone): the next step starts there
+        done = next((i for i, k in enumerate(texts) if k in held_texts), len(texts))
+        if done == 0:
+            return 0, True
         conn.execute(
             "UPDATE pgcounters.backfills SET cursor_key = %s, keys_done = keys_done + %s,"
             " updated_at = now() WHERE name = %s",
-            (last, len(keys), name),
+            (texts[done - 1], done, name),
         )
-        return len(keys), True
+        return done, True
 
 
 def _column_keys(
