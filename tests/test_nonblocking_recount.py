@@ -15,7 +15,7 @@ import blog_schema
 from pgcounters import BatchAborted, cli
 from pgcounters.recount import RecountResult, recount, verify
 from pgcounters.triggers import install
-from support import wait_for
+from support import tamper, wait_for
 
 SPEC = "blog.article.public_comments"
 
@@ -53,7 +53,7 @@ def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
         " SELECT 1 + g % 5, 1 + g % 2, 'public' FROM generate_series(1, 50) g"
     )
     # wrong stored values, for the recount to repair
-    conn.execute("UPDATE blog_article SET public_comments = 1000 + id")
+    tamper(conn, "UPDATE blog_article SET public_comments = 1000 + id")
     return conn
 
 
