@@ -151,10 +151,31 @@ def _key_parts(spec: CounterSpec) -> list[sql.Composable]:
     in the key type give one key with one canonical text (a timestamp column
     keying a date, numeric 1.0 and 1.00 keying a bigint), as the client encodes it.
     """
-    return [
-        sql.SQL("(({})::{})").format(_expr(k), sql.SQL(key_type))
-        for k, key_type in zip(spec.keys, spec.key_types, strict=True)
-    ]
+    return [key_part(_expr(k), t) for k, t in zip(spec.keys, spec.key_types, strict=True)]
+
+
+def typed_key_part(spec: CounterSpec, index: int = 0) -> sql.Composable:
+    """Key expression ``index`` of a spec in its key type, as the triggers compute it."""
+    return _key_parts(spec)[index]
+
+
+def key_part(expr: sql.Composable, key_type: str) -> sql.Composable:
+    """One key expression in its key type, the same whatever the session has SET.
+
+    A date goes through ``pgcounters.date_key``: a timestamptz keys its UTC date and a
+    text parses with a fixed field order, where a plain cast would follow the session's
+    TimeZone and DateStyle.
+    """
+    if key_type == "date":
+        return sql.SQL("pgcounters.date_key({})").format(expr)
+    return sql.SQL("(({})::{})").format(expr, sql.SQL(key_type))
+
+
+def part_text(part: sql.Composable, key_type: str) -> sql.Composable:
+    """The canonical text of a typed key part (a date's is ISO 8601 in every DateStyle)."""
+    if key_type == "date":
+        return sql.SQL("pgcounters.date_text({})").format(part)
+    return sql.SQL("{}::text").format(part)
 
 
 def _text_key(spec: CounterSpec) -> sql.Composable:
@@ -162,7 +183,9 @@ def _text_key(spec: CounterSpec) -> sql.Composable:
     if not spec.keys:
         return sql.SQL("'{}'::text[]")
     return sql.SQL("ARRAY[{}]::text[]").format(
-        sql.SQL(", ").join(sql.SQL("{}::text").format(p) for p in _key_parts(spec))
+        sql.SQL(", ").join(
+            part_text(p, t) for p, t in zip(_key_parts(spec), spec.key_types, strict=True)
+        )
     )
 
 

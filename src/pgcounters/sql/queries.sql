@@ -259,6 +259,9 @@ SELECT pgcounters.grant_worker(%(role)s);
 -- name: revoke_role
 SELECT pgcounters.revoke_role(%(role)s);
 
+-- name: grant_pause
+SELECT pgcounters.grant_pause(%(role)s);
+
 -- name: drain_read_committed
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 

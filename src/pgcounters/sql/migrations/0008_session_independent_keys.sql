@@ -1,0 +1,205 @@
+-- pgcounters schema, version 8: keys that no session setting can change.
+--
+-- A key's text is what the queues and the counters table store and compare, so
+-- it must be the same whatever the writing session has SET. Of the key types,
+-- only a date has a setting-dependent text (DateStyle: '21/11/2026' in an
+-- 'SQL, DMY' session), and only a date is derived in a setting-dependent way
+-- (a timestamptz cast to date takes the session's TimeZone; a text parsed as a
+-- date takes DateStyle's field order). The triggers and the truth queries of
+-- declared counters key dates through the two functions below.
+
+-- The date that keys a value: a date as it is, a timestamp's date, the date of
+-- a timestamptz in UTC (whatever the session's TimeZone). The first three are
+-- plain SQL expressions that the planner inlines: no function call per row.
+CREATE FUNCTION pgcounters.date_key(p_value date) RETURNS date
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_value $$;
+
+CREATE FUNCTION pgcounters.date_key(p_value timestamp) RETURNS date
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_value::date $$;
+
+CREATE FUNCTION pgcounters.date_key(p_value timestamptz) RETURNS date
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT (p_value AT TIME ZONE 'UTC')::date $$;
+
+-- Text parsed as a date the same way in every session: ISO input ('2026-11-21')
+-- always parses alike; for other forms the field order is fixed to
+-- year-month-day, not the session's DateStyle.
+CREATE FUNCTION pgcounters.date_key(p_value text) RETURNS date
+LANGUAGE sql STABLE PARALLEL SAFE SET datestyle TO 'ISO, YMD'
+AS $$ SELECT p_value::date $$;
+
+-- The canonical text of a date key: ISO 8601 (what Python's date.isoformat()
+-- and PostgreSQL's ISO DateStyle write), whatever the session's DateStyle.
+CREATE FUNCTION pgcounters.date_text(p_value date) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN NOT isfinite(p_value) THEN p_value::text  -- 'infinity', '-infinity' in every style
+        WHEN p_value < date '0001-01-01' THEN to_char(p_value, 'YYYY-MM-DD') || ' BC'
+        ELSE to_char(p_value, 'YYYY-MM-DD')
+    END
+$$;
+
+-- ---------------------------------------------------------------------------
+-- Pausing counting is a right, not a setting anyone may SET
+-- ---------------------------------------------------------------------------
+-- A session that sets pgcounters.paused writes rows that no counter sees. That
+-- is meant for a bulk import followed by a recount, run by the schema's owner
+-- (or a superuser) or by a role granted it with grant_pause; for any other
+-- role the setting is refused at the first counted write, instead of being
+-- silently obeyed.
+CREATE TABLE pgcounters.pausers (
+    role_name name PRIMARY KEY,
+    granted_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Raises for a role that may not pause counting (called only when the
+-- setting names the counter: the unpaused path costs nothing more).
+CREATE FUNCTION pgcounters._check_may_pause() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF pg_catalog.pg_has_role(current_user,
+            (SELECT n.nspowner FROM pg_catalog.pg_namespace AS n
+              WHERE n.nspname = 'pgcounters'), 'USAGE')
+       OR EXISTS (SELECT 1 FROM pgcounters.pausers AS p
+                   WHERE pg_catalog.pg_has_role(current_user, p.role_name, 'USAGE')) THEN
+        RETURN true;
+    END IF;
+    RAISE EXCEPTION 'role % may not pause counting (pgcounters.paused is set)',
+            quote_ident(current_user)
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'Unset pgcounters.paused, or have the owner run pgcounters.grant_pause(role).';
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgcounters.is_paused(p_name text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN coalesce(s, '') = '' THEN false
+        WHEN s = 'all' OR p_name = ANY (string_to_array(s, ',')) THEN pgcounters._check_may_pause()
+        ELSE false
+    END
+      FROM (SELECT current_setting('pgcounters.paused', true) AS s) AS setting
+$$;
+
+-- Let p_role pause counting for its own session (bulk imports). Returns the
+-- statements run, as the other grant functions do.
+CREATE FUNCTION pgcounters.grant_pause(p_role text) RETURNS text[]
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgcounters._for_role(p_role, '{}');
+    INSERT INTO pgcounters.pausers (role_name) VALUES (p_role) ON CONFLICT DO NOTHING;
+    RETURN ARRAY[format('INSERT INTO pgcounters.pausers (role_name) VALUES (%L)', p_role)];
+END;
+$$;
+
+-- ---------------------------------------------------------------------------
+-- The application role: only what counters need, and all of it revocable
+-- ---------------------------------------------------------------------------
+-- Version 6 granted SELECT on the whole parent table of a column counter (a
+-- users table's password hash included) and USAGE on its schema. The
+-- application reads a counter column by its parent's key: SELECT on those two
+-- columns is enough, and USAGE on a schema of its own tables it already has.
+CREATE OR REPLACE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_done text[] := '{}';
+    v_stmt text;
+    t record;
+BEGIN
+    v_done := pgcounters._for_role(p_role, ARRAY[
+        'GRANT USAGE ON SCHEMA pgcounters TO %I',
+        'GRANT SELECT ON pgcounters.migrations, pgcounters.targets, pgcounters.counters,'
+            ' pgcounters.queue, pgcounters.queue_unlogged, pgcounters.specs,'
+            ' pgcounters.recounts, pgcounters.quotas, pgcounters.quota_limits,'
+            ' pgcounters.quota_usage, pgcounters.quota_log, pgcounters.buffer_flushes,'
+            ' pgcounters.drain_stats, pgcounters.pausers TO %I',
+        'GRANT INSERT ON pgcounters.queue, pgcounters.queue_unlogged TO %I',
+        'GRANT EXECUTE ON FUNCTION pgcounters.incr(text, text[], bigint),'
+            ' pgcounters.get(text, text[]), pgcounters._target(text),'
+            ' pgcounters._check_key(pgcounters.targets, text[]),'
+            ' pgcounters.add_direct(integer[], text[], bigint[]),'
+            ' pgcounters.ensure_target(text, text[], text, text, text, text, text),'
+            ' pgcounters.is_paused(text), pgcounters._check_may_pause(),'
+            ' pgcounters.date_key(date), pgcounters.date_key(timestamp),'
+            ' pgcounters.date_key(timestamptz), pgcounters.date_key(text),'
+            ' pgcounters.date_text(date),'
+            ' pgcounters.register_call(text, text, bigint, timestamptz, jsonb, boolean),'
+            ' pgcounters.quota_status(text, text, timestamptz), pgcounters._quota(text),'
+            ' pgcounters._check_subject(text),'
+            ' pgcounters.quota_window_start(text, bigint, text, timestamptz),'
+            ' pgcounters.quota_window_end(text, bigint, text, timestamptz),'
+            ' pgcounters.record_flush(text, text, integer, numeric, interval, text[]),'
+            ' pgcounters.wakeup_interval_ms() TO %I'
+    ]);
+    FOR t IN
+        SELECT DISTINCT target_schema, target_table, target_column, target_key_column,
+               mode = 'direct' AS direct
+          FROM pgcounters.targets
+         WHERE target_table IS NOT NULL
+         ORDER BY 1, 2, 3, 4
+    LOOP
+        IF to_regclass(format('%I.%I', t.target_schema, t.target_table)) IS NULL THEN
+            CONTINUE;
+        END IF;
+        v_stmt := format('GRANT SELECT (%I, %I) ON %I.%I TO %I', t.target_key_column,
+            t.target_column, t.target_schema, t.target_table, p_role);
+        EXECUTE v_stmt;
+        v_done := v_done || v_stmt;
+        IF t.direct THEN
+            v_stmt := format('GRANT UPDATE (%I) ON %I.%I TO %I',
+                t.target_column, t.target_schema, t.target_table, p_role);
+            EXECUTE v_stmt;
+            v_done := v_done || v_stmt;
+        END IF;
+    END LOOP;
+    RETURN v_done;
+END;
+$$;
+
+-- Take back every right grant_app and grant_worker gave p_role: on pgcounters'
+-- own objects, the right to pause, and the column rights on the parent tables
+-- of column counters (column rights only: a table-wide right the role holds
+-- for its own work is not pgcounters' to take). The table-wide SELECT that
+-- grant_worker gives on source tables stays (see docs/security.md).
+CREATE OR REPLACE FUNCTION pgcounters.revoke_role(p_role text) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_done text[];
+    v_stmt text;
+    t record;
+BEGIN
+    v_done := pgcounters._for_role(p_role, ARRAY[
+        'REVOKE ALL ON ALL TABLES IN SCHEMA pgcounters FROM %I',
+        'REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgcounters FROM %I',
+        'REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgcounters FROM %I',
+        'REVOKE ALL ON SCHEMA pgcounters FROM %I'
+    ]);
+    IF EXISTS (SELECT 1 FROM pgcounters.pausers WHERE role_name = p_role) THEN
+        DELETE FROM pgcounters.pausers WHERE role_name = p_role;
+        v_done := v_done || format('DELETE FROM pgcounters.pausers WHERE role_name = %L', p_role);
+    END IF;
+    FOR t IN
+        SELECT DISTINCT target_schema AS s, target_table AS r, target_column AS c,
+               target_key_column AS k
+          FROM pgcounters.targets
+         WHERE target_table IS NOT NULL
+         ORDER BY 1, 2, 3, 4
+    LOOP
+        IF to_regclass(format('%I.%I', t.s, t.r)) IS NULL THEN
+            CONTINUE;
+        END IF;
+        v_stmt := format('REVOKE SELECT (%I, %I), UPDATE (%I) ON %I.%I FROM %I',
+            t.k, t.c, t.c, t.s, t.r, p_role);
+        EXECUTE v_stmt;
+        v_done := v_done || v_stmt;
+    END LOOP;
+    RETURN v_done;
+END;
+$$;
+
+-- as in version 6: no function of pgcounters is PUBLIC's to run; the
+-- application role is granted what its triggers and reads call
+REVOKE EXECUTE ON FUNCTION pgcounters.grant_pause(text), pgcounters.grant_app(text),
+    pgcounters.revoke_role(text), pgcounters._check_may_pause(), pgcounters.is_paused(text),
+    pgcounters.date_key(date), pgcounters.date_key(timestamp), pgcounters.date_key(timestamptz),
+    pgcounters.date_key(text), pgcounters.date_text(date)
+    FROM PUBLIC;
