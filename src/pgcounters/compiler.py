@@ -239,6 +239,25 @@ def contributions(
     )
 
 
+def probe_query(spec: CounterSpec) -> sql.Composed:
+    """A query that reads exactly what the spec's triggers read from a source row (its
+    condition, its key parts, its summed value as an integer), never run, only planned.
+
+    It stops planning when the source table no longer has what the counter needs: a key or
+    summed column renamed or dropped, a type that does not cast to the key type, a summed
+    value that is not an integer (a numeric or float sum would be rounded per statement).
+    """
+    values: list[sql.Composable] = list(_key_parts(spec))
+    if spec.sum is not None:
+        values.append(sql.SQL("pgcounters.integer_value({})").format(_expr(spec.sum)))
+    return sql.SQL("SELECT {values} FROM {source} AS {alias} WHERE {where} LIMIT 0").format(
+        values=sql.SQL(", ").join(values) if values else sql.SQL("1"),
+        source=spec.source.identifier(),
+        alias=sql.Identifier(spec.source.name),
+        where=row_filter(spec),
+    )
+
+
 def truth_query(spec: CounterSpec, extra: sql.Composable | None = None) -> sql.Composed:
     """The S1 truth: ``SELECT key, value`` counted from the source table itself."""
     return contributions(spec, spec.source.identifier(), extra=extra)

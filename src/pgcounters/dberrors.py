@@ -28,6 +28,7 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PCQ07": errors.InvalidCost,
     "PCQ08": errors.InvalidQuotaArgument,
     "PC006": errors.ConfigurationError,
+    "PC020": errors.CounterBroken,
 }
 
 _CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {

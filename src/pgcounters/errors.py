@@ -73,6 +73,11 @@ class CounterOverflow(CounterError):
     """A counter value would leave the range of a PostgreSQL bigint."""
 
 
+class CounterBroken(CounterError):
+    """A schema change broke a declared counter (a column it reads was renamed, dropped or
+    changed type): install the counter again to match the table, or undo the change."""
+
+
 class DrainError(PgCountersError):
     """Draining the queue failed."""
 

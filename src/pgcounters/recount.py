@@ -34,6 +34,7 @@ from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.keys import decode_key
 from pgcounters.specs import ColumnTarget, CounterSpec
+from pgcounters.triggers import check_not_broken
 from pgcounters.triggers import spec as recorded_spec
 
 Progress = Callable[[int], None]
@@ -69,9 +70,9 @@ class RecountResult:
 
 
 def _resolve(conn: psycopg.Connection[Any], counter: CounterSpec | str) -> CounterSpec:
-    if isinstance(counter, CounterSpec):
-        return counter
-    return recorded_spec(conn, counter)
+    spec = counter if isinstance(counter, CounterSpec) else recorded_spec(conn, counter)
+    check_not_broken(conn, spec)  # a CounterBroken naming it, not a raw UndefinedColumn
+    return spec
 
 
 def _target_id(conn: psycopg.Connection[Any], spec: CounterSpec) -> int:

@@ -24,16 +24,21 @@ from pgcounters.compiler import (
     MARKER_RE,
     compile_spec,
     ensure_target_call,
+    probe_query,
     trigger_name,
-    truth_query,
 )
 from pgcounters.dberrors import translate, translated
-from pgcounters.errors import CounterDeliveredElsewhere, InvalidCounterDefinition, UnknownCounter
+from pgcounters.errors import (
+    CounterBroken,
+    CounterDeliveredElsewhere,
+    InvalidCounterDefinition,
+    UnknownCounter,
+)
 from pgcounters.keys import check_name
 from pgcounters.specs import CounterSpec
 from pgcounters.sqlfiles import query
 
-State: TypeAlias = Literal["installed", "outdated", "missing", "disabled", "undeclared"]
+State: TypeAlias = Literal["installed", "outdated", "missing", "disabled", "broken", "undeclared"]
 
 
 @dataclass(frozen=True)
@@ -63,15 +68,22 @@ class Drift:
 
 
 def validate(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
-    """Check against the database that the spec's SQL compiles (EXPLAIN of its truth query)."""
+    """Check against the database that the spec's SQL compiles (EXPLAIN of its probe: the
+    condition, the key parts and the summed value, which must be an integer)."""
     try:
         with conn.transaction(), conn.cursor() as cur:
-            cur.execute(sql.SQL("EXPLAIN ") + truth_query(spec))
+            cur.execute(sql.SQL("EXPLAIN ") + probe_query(spec))
     except psycopg.Error as exc:
+        message = exc.diag.message_primary or str(exc)
+        if isinstance(exc, psycopg.errors.UndefinedFunction) and "integer_value" in message:
+            raise InvalidCounterDefinition(
+                f"counter {spec.name}: its sum ({spec.sum}) is not of an integer type; "
+                "counters hold bigint values, so a numeric or floating-point sum would be "
+                "rounded at every statement: sum an integer (e.g. cents, not dollars)"
+            ) from exc
         mapped = translate(exc)
         if mapped is not None and not isinstance(mapped, InvalidCounterDefinition):
             raise mapped from exc
-        message = exc.diag.message_primary or str(exc)
         raise InvalidCounterDefinition(
             f"counter {spec.name}: its definition does not compile against table "
             f"{spec.source}: {message}"
@@ -79,11 +91,54 @@ def validate(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
 
 
 def record(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
-    """Record the spec in ``pgcounters.specs`` (for verify, recount and drift)."""
+    """Record the spec in ``pgcounters.specs`` (for verify, recount, drift and the guard
+    that refuses a schema change breaking it)."""
     conn.execute(
         query("record_spec"),
-        {"name": spec.name, "fingerprint": spec.fingerprint, "definition": Jsonb(spec.to_json())},
+        {
+            "name": spec.name,
+            "fingerprint": spec.fingerprint,
+            "definition": Jsonb(spec.to_json()),
+            "probe": probe_query(spec).as_string(conn),
+        },
     )
+
+
+def broken(conn: psycopg.Connection[Any], table: str) -> dict[str, str]:
+    """The counters installed on ``table`` (a qualified name) that a schema change broke,
+    with the error their probe gives."""
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("broken_specs"), {"table": table})
+        row = cur.fetchone()
+    pairs = list(row[0]) if row and row[0] else []
+    return dict(zip(pairs[::2], pairs[1::2], strict=True))
+
+
+# what planning a probe raises when its table changed under it
+_SCHEMA_CHANGED = (
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.DatatypeMismatch,
+    psycopg.errors.CannotCoerce,
+)
+
+
+def check_not_broken(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
+    """Raise :class:`CounterBroken` naming the counter when its source table no longer has
+    what it reads (verify and recount call it before reading the truth)."""
+    try:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(sql.SQL("EXPLAIN ") + probe_query(spec))
+    except psycopg.Error as exc:
+        if not isinstance(exc, _SCHEMA_CHANGED):
+            mapped = translate(exc)
+            raise exc if mapped is None else mapped from exc
+        raise CounterBroken(
+            f"counter {spec.name} no longer matches table {spec.source}: "
+            f"{exc.diag.message_primary or exc}; install it again to match the table "
+            "(for Django models: makemigrations and migrate), or undo the change"
+        ) from exc
 
 
 def install(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec]) -> list[str]:
@@ -224,15 +279,27 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
     A counter is ``installed`` when its four triggers exist, are enabled and
     carry its fingerprint; ``outdated`` when some carry another fingerprint or sit on
     another table than the spec's source;
-    ``missing`` when some are absent; ``disabled`` when some are disabled.
+    ``missing`` when some are absent; ``disabled`` when some are disabled; ``broken`` when
+    a schema change left the table without what the counter reads (its writes fail).
     Installed triggers of a counter that is not declared are ``undeclared``.
     """
     wanted = list(declared(conn) if specs is None else specs)
     by_name: dict[str, list[InstalledTrigger]] = {}
     for t in installed(conn):
         by_name.setdefault(t.spec_name, []).append(t)
+    broken_on: dict[tuple[str, str], dict[str, str]] = {}
+    for t in (t for found in by_name.values() for t in found):
+        if (t.schema, t.table) not in broken_on:
+            broken_on[(t.schema, t.table)] = broken(
+                conn, sql.Identifier(t.schema, t.table).as_string(conn)
+            )
     out: list[Drift] = []
     for s in wanted:
+        reason = broken_on.get((s.source.schema, s.source.name), {}).get(s.name)
+        if reason is not None and s.name in by_name:
+            by_name.pop(s.name)
+            out.append(Drift(s.name, "broken", f"the table changed under it: {reason}"))
+            continue
         found = by_name.pop(s.name, [])
         events = {t.event for t in found}
         stale = sorted(

@@ -132,10 +132,11 @@ SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D', p.prosrc
  ORDER BY 1, 2, 3
 
 -- name: record_spec
-INSERT INTO pgcounters.specs (name, fingerprint, definition)
-VALUES (%(name)s, %(fingerprint)s, %(definition)s)
+INSERT INTO pgcounters.specs (name, fingerprint, definition, probe)
+VALUES (%(name)s, %(fingerprint)s, %(definition)s, %(probe)s)
 ON CONFLICT (name) DO UPDATE
-   SET fingerprint = excluded.fingerprint, definition = excluded.definition, updated_at = now()
+   SET fingerprint = excluded.fingerprint, definition = excluded.definition,
+       probe = excluded.probe, updated_at = now()
 
 -- name: forget_spec
 DELETE FROM pgcounters.specs WHERE name = %(name)s
@@ -268,3 +269,7 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 -- name: counters_writable
 SELECT has_table_privilege('pgcounters.counters', 'INSERT')
    AND has_table_privilege('pgcounters.counters', 'UPDATE');
+
+-- name: broken_specs
+-- Counters installed on a table whose probe does not plan: [name, error, ...].
+SELECT pgcounters.broken_specs(%(table)s::regclass)

@@ -121,7 +121,8 @@ BEGIN
             ' pgcounters.is_paused(text), pgcounters._check_may_pause(),'
             ' pgcounters.date_key(date), pgcounters.date_key(timestamp),'
             ' pgcounters.date_key(timestamptz), pgcounters.date_key(text),'
-            ' pgcounters.date_text(date),'
+            ' pgcounters.date_text(date), pgcounters.integer_value(bigint),'
+            ' pgcounters.broken_specs(regclass),'
             ' pgcounters.register_call(text, text, bigint, timestamptz, jsonb, boolean),'
             ' pgcounters.quota_status(text, text, timestamptz), pgcounters._quota(text),'
             ' pgcounters._check_subject(text),'
@@ -203,3 +204,99 @@ REVOKE EXECUTE ON FUNCTION pgcounters.grant_pause(text), pgcounters.grant_app(te
     pgcounters.date_key(date), pgcounters.date_key(timestamp), pgcounters.date_key(timestamptz),
     pgcounters.date_key(text), pgcounters.date_text(date)
     FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------
+-- Schema changes that would break a declared counter
+-- ---------------------------------------------------------------------------
+-- A declared counter's triggers name the columns of its source table. Renaming
+-- or dropping one of them made every later write to the table fail with a raw
+-- UndefinedColumn; changing a summed column from an integer type to numeric
+-- made each statement's delta round silently. Each recorded spec now carries a
+-- probe: a query that reads exactly what its triggers read (condition, key
+-- parts, the summed value as an integer), planned but never run. An event
+-- trigger plans the probes of the counters installed on a table after every
+-- ALTER TABLE of it and refuses the change that breaks one. Creating an event
+-- trigger needs a superuser: installed by another role, the guard is left out
+-- and `drift` reports such counters as broken instead.
+
+-- The summed value, refused at planning unless it is of an integer type
+-- (numeric and floating-point values have no implicit cast to bigint).
+CREATE FUNCTION pgcounters.integer_value(p_value bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_value $$;
+
+ALTER TABLE pgcounters.specs ADD COLUMN probe text;
+
+-- The counters whose probe does not plan any more on table p_table, with the
+-- error: [name, message] pairs. Only counters whose triggers are installed on
+-- that table with their recorded fingerprint are probed.
+CREATE FUNCTION pgcounters.broken_specs(p_table regclass) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+    v_broken text[] := '{}';
+BEGIN
+    FOR s IN
+        SELECT sp.name, sp.probe
+          FROM pgcounters.specs AS sp
+         WHERE sp.probe IS NOT NULL
+           AND EXISTS (
+               SELECT 1 FROM pg_catalog.pg_trigger AS t
+                 JOIN pg_catalog.pg_proc AS p ON p.oid = t.tgfoid
+                WHERE t.tgrelid = p_table AND NOT t.tgisinternal
+                  AND position(format('-- pgcounters spec fingerprint=%s event=insert name=%s',
+                                      sp.fingerprint, sp.name) IN p.prosrc) > 0)
+         ORDER BY sp.name
+    LOOP
+        BEGIN
+            EXECUTE 'EXPLAIN ' || s.probe;
+        EXCEPTION WHEN OTHERS THEN
+            v_broken := v_broken || ARRAY[s.name, SQLERRM];
+        END;
+    END LOOP;
+    RETURN v_broken;
+END;
+$$;
+
+CREATE FUNCTION pgcounters._guard_ddl() RETURNS event_trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+    v_broken text[];
+BEGIN
+    IF to_regclass('pgcounters.specs') IS NULL THEN
+        RETURN;  -- the schema is being dropped
+    END IF;
+    FOR c IN
+        SELECT DISTINCT d.objid
+          FROM pg_catalog.pg_event_trigger_ddl_commands() AS d
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass
+    LOOP
+        v_broken := pgcounters.broken_specs(c.objid::regclass);
+        IF cardinality(v_broken) > 0 THEN
+            RAISE EXCEPTION 'this change to table % breaks counter %: %',
+                    c.objid::regclass, v_broken[1], v_broken[2]
+                USING ERRCODE = 'PC020',
+                      HINT = 'Remove the counter''s triggers (or declare it anew) in the same '
+                             'transaction, before the change; then install it again.';
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- it runs for whoever alters a table; the probes it plans are the owner's
+-- (pgcounters.specs is written by the owner only)
+ALTER FUNCTION pgcounters._guard_ddl()
+    SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp;
+
+DO $$
+BEGIN
+    IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        CREATE EVENT TRIGGER pgcounters_guard_ddl ON ddl_command_end
+            WHEN TAG IN ('ALTER TABLE')
+            EXECUTE FUNCTION pgcounters._guard_ddl();
+    END IF;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION pgcounters.integer_value(bigint), pgcounters.broken_specs(regclass),
+    pgcounters._guard_ddl() FROM PUBLIC;
