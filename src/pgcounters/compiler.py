@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from psycopg import sql
+from psycopg.abc import AdaptContext
 
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, KeyExpr
 
@@ -256,6 +257,50 @@ def probe_query(spec: CounterSpec) -> sql.Composed:
         alias=sql.Identifier(spec.source.name),
         where=row_filter(spec),
     )
+
+
+ROWS = "pgc_rows"
+_TABLE_SLOT = "\x00table\x00"  # where format() puts the table: no SQL holds a NUL
+
+
+def rows_delta_sql(spec: CounterSpec, context: AdaptContext) -> str:
+    """A statement that applies ``$2`` times the contribution of every row of one table, in
+    the spec's mode, to its target ``$1``; the table is ``%s``, for ``format()``.
+
+    A table that joins or leaves the counted table's tree of partitions or inheritance
+    children, or a partition truncated alone, changes the counts by its rows' contribution
+    without any row being inserted or deleted: the database applies this to it (+1 for a
+    table that joins, -1 for one that leaves or is truncated). ``%`` in the compiled SQL is
+    doubled, so that ``format('%s')`` fills in the table only.
+    """
+    rows = sql.Identifier(ROWS)
+    head = sql.SQL("WITH {} AS MATERIALIZED (SELECT * FROM ONLY {}) ").format(
+        rows, sql.SQL(_TABLE_SLOT)
+    )
+    statement: sql.Composed
+    if spec.mode != "direct":
+        queue = "queue" if spec.mode == "queued" else "queue_unlogged"
+        statement = head + sql.SQL(
+            "INSERT INTO {} (target_id, key, delta)"
+            " SELECT $1, c.key, $2 * c.delta FROM ({}) AS c WHERE c.delta <> 0"
+        ).format(sql.Identifier("pgcounters", queue), contributions(spec, rows))
+    elif not isinstance(spec.target, ColumnTarget):
+        statement = head + sql.SQL(
+            "SELECT pgcounters.add_direct(array_agg($1), array_agg(c.key::text),"
+            " array_agg($2 * c.delta)) FROM ({}) AS c WHERE c.delta <> 0"
+        ).format(contributions(spec, rows))
+    else:
+        t = spec.target
+        statement = head + sql.SQL(
+            "UPDATE {parent} AS x SET {col} = coalesce(x.{col}, 0) + $2 * c.delta"
+            " FROM ({rows}) AS c WHERE x.{key_col} = c.key AND c.delta <> 0"
+        ).format(
+            parent=t.table.identifier(),
+            col=sql.Identifier(t.column),
+            key_col=sql.Identifier(t.key_column),
+            rows=contributions(spec, rows, typed=True),
+        )
+    return statement.as_string(context).replace("%", "%%").replace(_TABLE_SLOT, "%s")
 
 
 def truth_query(spec: CounterSpec, extra: sql.Composable | None = None) -> sql.Composed:

@@ -25,6 +25,7 @@ from pgcounters.compiler import (
     compile_spec,
     ensure_target_call,
     probe_query,
+    rows_delta_sql,
     trigger_name,
 )
 from pgcounters.dberrors import translate, translated
@@ -52,6 +53,8 @@ class InstalledTrigger:
     spec_name: str
     event: str
     fingerprint: str
+    follower: bool = False
+    """On a partition or inheritance child of the counted table (see :func:`follow`)."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,36 @@ def record(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
             "fingerprint": spec.fingerprint,
             "definition": Jsonb(spec.to_json()),
             "probe": probe_query(spec).as_string(conn),
+            "rows_delta": rows_delta_sql(spec, conn),
         },
     )
+
+
+def follow(conn: psycopg.Connection[Any], name: str | None = None) -> list[str]:
+    """Make recorded counters (one, or all) count every partition and inheritance child of
+    their tables: a descendant gets the counter's triggers and its rows counted; a table that
+    left the tree loses them and its rows' contribution. Returns what was done.
+
+    :func:`install` and Django's migrate call it; so does the database itself after each
+    ``CREATE TABLE`` or ``ALTER TABLE`` where the schema was installed by a superuser.
+    """
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("follow_descendants"), {"name": name, "apply": True})
+        row = cur.fetchone()
+    return list(row[0]) if row and row[0] else []
+
+
+def _unfollowed(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("follow_descendants"), {"name": None, "apply": False})
+        row = cur.fetchone()
+    out: dict[str, list[str]] = {}
+    for action in list(row[0]) if row and row[0] else []:
+        verb, table, _, name = action.split(" ", 3)
+        out.setdefault(name, []).append(
+            f"{table} {'is not counted' if verb == 'count' else 'left the table but is counted'}"
+        )
+    return out
 
 
 def broken(conn: psycopg.Connection[Any], table: str) -> dict[str, str]:
@@ -163,6 +194,7 @@ def install(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec]) -> list
             conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec)))
             conn.execute(compiled.install_sql())
             record(conn, spec)
+            follow(conn, spec.name)
     return [spec.name for spec in chosen]
 
 
@@ -197,7 +229,7 @@ def _drop_moved(
     by_name = {spec.name: spec for spec in specs}
     for t in present:
         spec = by_name.get(t.spec_name)
-        if spec is not None and not _on_source(spec, t):
+        if spec is not None and not t.follower and not _on_source(spec, t):
             conn.execute(
                 sql.SQL("DROP TRIGGER {} ON {}").format(
                     sql.Identifier(t.trigger), sql.Identifier(t.schema, t.table)
@@ -220,6 +252,14 @@ def uninstall(conn: psycopg.Connection[Any], name: str, *, drop_values: bool = F
                     sql.Identifier(t.trigger), sql.Identifier(t.schema, t.table)
                 )
             )
+        for schema_name, table in sorted({(t.schema, t.table) for t in found if t.follower}):
+            # a followed descendant's BEFORE TRUNCATE trigger
+            conn.execute(
+                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                    sql.Identifier(trigger_name(name, "truncate")),
+                    sql.Identifier(schema_name, table),
+                )
+            )
         for event in EVENTS:
             conn.execute(
                 sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
@@ -240,7 +280,7 @@ def installed(conn: psycopg.Connection[Any]) -> list[InstalledTrigger]:
     out: list[InstalledTrigger] = []
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query("counter_triggers"))
-        for nsp, table, trigger, enabled, source in cur.fetchall():
+        for nsp, table, trigger, enabled, source, follower in cur.fetchall():
             match = MARKER_RE.search(source)
             if match is None:  # pragma: no cover - the query selects on the marker
                 continue
@@ -253,6 +293,7 @@ def installed(conn: psycopg.Connection[Any]) -> list[InstalledTrigger]:
                     match["name"],
                     match["event"],
                     match["fingerprint"],
+                    bool(follower),
                 )
             )
     return out
@@ -286,19 +327,25 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
     wanted = list(declared(conn) if specs is None else specs)
     by_name: dict[str, list[InstalledTrigger]] = {}
     for t in installed(conn):
-        by_name.setdefault(t.spec_name, []).append(t)
+        if not t.follower:  # followed descendants: see _unfollowed below
+            by_name.setdefault(t.spec_name, []).append(t)
     broken_on: dict[tuple[str, str], dict[str, str]] = {}
     for t in (t for found in by_name.values() for t in found):
         if (t.schema, t.table) not in broken_on:
             broken_on[(t.schema, t.table)] = broken(
                 conn, sql.Identifier(t.schema, t.table).as_string(conn)
             )
+    unfollowed = _unfollowed(conn)
     out: list[Drift] = []
     for s in wanted:
         reason = broken_on.get((s.source.schema, s.source.name), {}).get(s.name)
         if reason is not None and s.name in by_name:
             by_name.pop(s.name)
             out.append(Drift(s.name, "broken", f"the table changed under it: {reason}"))
+            continue
+        if s.name in unfollowed:
+            by_name.pop(s.name, None)
+            out.append(Drift(s.name, "missing", "; ".join(unfollowed[s.name])))
             continue
         found = by_name.pop(s.name, [])
         events = {t.event for t in found}

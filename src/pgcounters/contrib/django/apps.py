@@ -32,8 +32,9 @@ def _record_specs(using: str, **kwargs: Any) -> None:
     """After migrate: record the declared specs, for verify, recount and status."""
     from pgcounters.contrib.django.db import psycopg_connection
     from pgcounters.contrib.django.declarations import declared_counters
-    from pgcounters.triggers import record
+    from pgcounters.triggers import follow, record
 
     with psycopg_connection(using) as conn:
         for _, spec in declared_counters():
             record(conn, spec)
+        follow(conn)  # partitions and inheritance children of counted tables

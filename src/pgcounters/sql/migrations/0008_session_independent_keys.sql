@@ -122,7 +122,9 @@ BEGIN
             ' pgcounters.date_key(date), pgcounters.date_key(timestamp),'
             ' pgcounters.date_key(timestamptz), pgcounters.date_key(text),'
             ' pgcounters.date_text(date), pgcounters.integer_value(bigint),'
-            ' pgcounters.broken_specs(regclass),'
+            ' pgcounters.broken_specs(regclass), pgcounters.follow_descendants(text, boolean),'
+            ' pgcounters._installed_on_source(text), pgcounters._descendants(oid),'
+            ' pgcounters._truncate_descendant(),'
             ' pgcounters.register_call(text, text, bigint, timestamptz, jsonb, boolean),'
             ' pgcounters.quota_status(text, text, timestamptz), pgcounters._quota(text),'
             ' pgcounters._check_subject(text),'
@@ -257,6 +259,166 @@ BEGIN
 END;
 $$;
 
+REVOKE EXECUTE ON FUNCTION pgcounters.integer_value(bigint), pgcounters.broken_specs(regclass)
+    FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------
+-- Partitions and inheritance children of counted tables
+-- ---------------------------------------------------------------------------
+-- A statement-level trigger fires for the table a statement names: rows
+-- written straight into a partition (or an inheritance child) of a counted
+-- table went uncounted, and the rows of a partition attached, detached or
+-- truncated alone changed the truth without any row being written. The
+-- counters now follow the whole tree: every descendant of a counted table
+-- carries the counter's INSERT, UPDATE and DELETE triggers (the same functions
+-- as the table's own), and a BEFORE TRUNCATE trigger that takes its rows'
+-- contribution away. A table that joins the tree adds its rows' contribution,
+-- one that leaves takes it away (the spec's rows_delta statement). Dropping a
+-- descendant that still belongs to the tree is refused (its rows would leave
+-- the counts unseen): detach it first.
+
+ALTER TABLE pgcounters.specs ADD COLUMN rows_delta text;
+
+-- The recorded counters whose triggers are installed on their source table,
+-- with that table and the triggers (name, function, event, transition tables).
+CREATE FUNCTION pgcounters._installed_on_source(p_name text)
+RETURNS TABLE (name text, root oid, target_id integer, rows_delta text, trigger_name name,
+               function_oid oid, event text, old_table name, new_table name)
+LANGUAGE sql STABLE AS $$
+    SELECT s.name, r.oid, t.id, s.rows_delta, tg.tgname, tg.tgfoid,
+           substring(p.prosrc FROM 'event=(\w+)'), tg.tgoldtable, tg.tgnewtable
+      FROM pgcounters.specs AS s
+      JOIN pgcounters.targets AS t ON t.name = s.name
+      JOIN pg_catalog.pg_class AS r
+        ON r.oid = to_regclass(format('%I.%I', s.definition -> 'source' ->> 'schema',
+                                      s.definition -> 'source' ->> 'table'))
+      JOIN pg_catalog.pg_trigger AS tg ON tg.tgrelid = r.oid AND NOT tg.tgisinternal
+      JOIN pg_catalog.pg_proc AS p ON p.oid = tg.tgfoid
+     WHERE (p_name IS NULL OR s.name = p_name)
+       AND s.rows_delta IS NOT NULL
+       AND position(format('-- pgcounters spec fingerprint=%s event=', s.fingerprint)
+                    IN p.prosrc) > 0
+       AND position(format(' name=%s', s.name) || E'\n' IN p.prosrc) > 0
+$$;
+
+-- Every table below p_root in its tree of partitions and inheritance children.
+CREATE FUNCTION pgcounters._descendants(p_root oid) RETURNS SETOF oid
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE d(relid) AS (
+        SELECT i.inhrelid FROM pg_catalog.pg_inherits AS i WHERE i.inhparent = p_root
+        UNION
+        SELECT i.inhrelid FROM pg_catalog.pg_inherits AS i JOIN d ON i.inhparent = d.relid
+    )
+    SELECT relid FROM d
+$$;
+
+-- Make the counters (one, or all with NULL) follow their tables' trees: a
+-- descendant without the counter's triggers gets them and its rows counted; a
+-- table with them that left the tree loses them and its rows' contribution.
+-- With p_apply false, only report. Returns what was (or would be) done.
+CREATE FUNCTION pgcounters.follow_descendants(p_name text DEFAULT NULL, p_apply boolean DEFAULT true)
+RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+    d oid;
+    tg record;
+    v_done text[] := '{}';
+BEGIN
+    FOR c IN
+        SELECT DISTINCT i.name, i.root, i.target_id, i.rows_delta,
+               (SELECT j.trigger_name FROM pgcounters._installed_on_source(i.name) AS j
+                 WHERE j.event = 'insert' LIMIT 1) AS marker
+          FROM pgcounters._installed_on_source(p_name) AS i
+         ORDER BY i.name
+    LOOP
+        CONTINUE WHEN c.marker IS NULL;
+        -- tables that joined the tree
+        FOR d IN
+            SELECT x FROM pgcounters._descendants(c.root) AS x
+             WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                WHERE t.tgrelid = x AND t.tgname = c.marker)
+             ORDER BY x
+        LOOP
+            v_done := v_done || format('count %s in %s', d::regclass, c.name);
+            CONTINUE WHEN NOT p_apply;
+            EXECUTE format(c.rows_delta, d::regclass) USING c.target_id, 1;
+            FOR tg IN
+                SELECT * FROM pgcounters._installed_on_source(c.name) ORDER BY trigger_name
+            LOOP
+                IF tg.event = 'truncate' THEN
+                    EXECUTE format('CREATE TRIGGER %I BEFORE TRUNCATE ON %s FOR EACH STATEMENT'
+                                   ' EXECUTE FUNCTION pgcounters._truncate_descendant(%L)',
+                                   tg.trigger_name, d::regclass, c.name);
+                ELSE
+                    EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s %s FOR EACH STATEMENT'
+                                   ' EXECUTE FUNCTION %s()',
+                                   tg.trigger_name, upper(tg.event), d::regclass,
+                                   CASE WHEN tg.old_table IS NULL AND tg.new_table IS NULL THEN ''
+                                        ELSE 'REFERENCING'
+                                             || CASE WHEN tg.old_table IS NULL THEN ''
+                                                     ELSE format(' OLD TABLE AS %I', tg.old_table)
+                                                END
+                                             || CASE WHEN tg.new_table IS NULL THEN ''
+                                                     ELSE format(' NEW TABLE AS %I', tg.new_table)
+                                                END
+                                   END,
+                                   tg.function_oid::regproc);
+                END IF;
+            END LOOP;
+        END LOOP;
+        -- tables that left it
+        FOR d IN
+            SELECT t.tgrelid FROM pg_catalog.pg_trigger AS t
+             WHERE t.tgname = c.marker AND t.tgrelid <> c.root
+               AND t.tgrelid NOT IN (SELECT x FROM pgcounters._descendants(c.root) AS x)
+               AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS u
+                            WHERE u.tgrelid = t.tgrelid
+                              AND u.tgfoid = 'pgcounters._truncate_descendant'::regproc)
+             ORDER BY 1
+        LOOP
+            v_done := v_done || format('uncount %s from %s', d::regclass, c.name);
+            CONTINUE WHEN NOT p_apply;
+            EXECUTE format(c.rows_delta, d::regclass) USING c.target_id, -1;
+            FOR tg IN
+                SELECT * FROM pgcounters._installed_on_source(c.name) ORDER BY trigger_name
+            LOOP
+                EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', tg.trigger_name, d::regclass);
+            END LOOP;
+        END LOOP;
+    END LOOP;
+    RETURN v_done;
+END;
+$$;
+
+-- BEFORE TRUNCATE of a descendant: its rows leave the counts (TRUNCATE of the
+-- counted table itself resets the counter after it, as before).
+CREATE FUNCTION pgcounters._truncate_descendant() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_sql text;
+    v_target integer;
+BEGIN
+    IF pgcounters.is_paused(TG_ARGV[0]) THEN
+        RETURN NULL;
+    END IF;
+    SELECT s.rows_delta, t.id INTO v_sql, v_target
+      FROM pgcounters.specs AS s JOIN pgcounters.targets AS t ON t.name = s.name
+     WHERE s.name = TG_ARGV[0];
+    IF v_sql IS NULL THEN
+        RAISE EXCEPTION 'counter % counts table % but is not recorded: install it again',
+                TG_ARGV[0], TG_RELID::regclass
+            USING ERRCODE = 'PC020';
+    END IF;
+    EXECUTE format(v_sql, TG_RELID::regclass) USING v_target, -1;
+    RETURN NULL;
+END;
+$$;
+
+-- Every change of a table's place in a tree goes through CREATE TABLE (a new
+-- partition or child) or ALTER TABLE (ATTACH, DETACH, INHERIT, NO INHERIT):
+-- follow it when the table is, or was, part of a counted tree; then refuse a
+-- change that breaks a counter (the probes).
 CREATE FUNCTION pgcounters._guard_ddl() RETURNS event_trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -265,6 +427,20 @@ DECLARE
 BEGIN
     IF to_regclass('pgcounters.specs') IS NULL THEN
         RETURN;  -- the schema is being dropped
+    END IF;
+    IF EXISTS (
+        SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() AS d
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass
+           AND (EXISTS (SELECT 1 FROM pg_catalog.pg_inherits AS i
+                         WHERE i.inhrelid = d.objid OR i.inhparent = d.objid)
+                OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                            WHERE t.tgrelid = d.objid
+                              AND t.tgfoid = 'pgcounters._truncate_descendant'::regproc)))
+    THEN
+        PERFORM pgcounters.follow_descendants();
+    END IF;
+    IF TG_TAG <> 'ALTER TABLE' THEN
+        RETURN;
     END IF;
     FOR c IN
         SELECT DISTINCT d.objid
@@ -283,20 +459,70 @@ BEGIN
 END;
 $$;
 
--- it runs for whoever alters a table; the probes it plans are the owner's
--- (pgcounters.specs is written by the owner only)
-ALTER FUNCTION pgcounters._guard_ddl()
-    SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp;
-
-DO $$
+-- DROP TABLE of a descendant still in a counted tree: its rows would leave the
+-- counts unseen (they cannot be read any more when the drop is reported).
+CREATE FUNCTION pgcounters._guard_drop() RETURNS event_trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_table text;
 BEGIN
-    IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
-        CREATE EVENT TRIGGER pgcounters_guard_ddl ON ddl_command_end
-            WHEN TAG IN ('ALTER TABLE')
-            EXECUTE FUNCTION pgcounters._guard_ddl();
+    IF to_regclass('pgcounters.specs') IS NULL THEN
+        RETURN;
+    END IF;
+    WITH dropped AS (SELECT * FROM pg_catalog.pg_event_trigger_dropped_objects()),
+    sources AS (
+        SELECT format('%I.%I', s.definition -> 'source' ->> 'schema',
+                      s.definition -> 'source' ->> 'table') AS identity
+          FROM pgcounters.specs AS s
+    )
+    SELECT f.object_identity INTO v_table
+      FROM dropped AS f
+     WHERE f.object_type = 'table'
+       AND f.object_identity NOT IN (SELECT identity FROM sources)
+       -- a descendant carries the counter's BEFORE TRUNCATE trigger, pgc_..._trn
+       AND EXISTS (SELECT 1 FROM dropped AS o
+                    WHERE o.object_type = 'trigger'
+                      AND split_part(o.object_identity, ' on ', 1) LIKE 'pgc\_%\_trn'
+                      AND substr(o.object_identity,
+                                 length(split_part(o.object_identity, ' on ', 1)) + 5)
+                          = f.object_identity)
+       -- dropping the counted table itself takes the whole tree: nothing to refuse
+       AND NOT EXISTS (SELECT 1 FROM dropped AS r
+                        WHERE r.object_type = 'table'
+                          AND r.object_identity IN (SELECT identity FROM sources))
+     LIMIT 1;
+    IF v_table IS NOT NULL THEN
+        RAISE EXCEPTION 'dropping % would take rows out of a counted table unseen', v_table
+            USING ERRCODE = 'PC020',
+                  HINT = 'Detach it first (ALTER TABLE ... DETACH PARTITION, or NO INHERIT): '
+                         'its rows leave the counts; then drop it.';
     END IF;
 END;
 $$;
 
-REVOKE EXECUTE ON FUNCTION pgcounters.integer_value(bigint), pgcounters.broken_specs(regclass),
-    pgcounters._guard_ddl() FROM PUBLIC;
+-- they run for whoever creates, alters or drops a table; the probes and rows
+-- they read are the owner's (pgcounters.specs is written by the owner only)
+ALTER FUNCTION pgcounters._guard_ddl()
+    SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp;
+ALTER FUNCTION pgcounters._guard_drop()
+    SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp;
+
+-- PostgreSQL lets only a superuser create an event trigger: installed by
+-- another role, the guards are left out and drift reports what they would
+-- have caught (broken counters, descendants not counted).
+DO $$
+BEGIN
+    IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        CREATE EVENT TRIGGER pgcounters_guard_ddl ON ddl_command_end
+            WHEN TAG IN ('ALTER TABLE', 'CREATE TABLE')
+            EXECUTE FUNCTION pgcounters._guard_ddl();
+        CREATE EVENT TRIGGER pgcounters_guard_drop ON sql_drop
+            WHEN TAG IN ('DROP TABLE')
+            EXECUTE FUNCTION pgcounters._guard_drop();
+    END IF;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION pgcounters._installed_on_source(text), pgcounters._descendants(oid),
+    pgcounters.follow_descendants(text, boolean), pgcounters._truncate_descendant(),
+    pgcounters._guard_ddl(), pgcounters._guard_drop() FROM PUBLIC;
