@@ -34,6 +34,7 @@ from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.keys import decode_key
 from pgcounters.specs import ColumnTarget, CounterSpec
+from pgcounters.sqlfiles import query
 from pgcounters.triggers import check_not_broken
 from pgcounters.triggers import spec as recorded_spec
 
@@ -258,6 +259,9 @@ def recount(
             target = _target_id(conn, spec)
         result = RecountResult(spec.name)
         cursor = _start(conn, spec.name, resume, result)
+        if cursor is None and key_range is None:
+            # a whole recount: writes the counter missed before it starts are in its truth
+            conn.execute(query("clear_stale"), {"name": spec.name})
         column = isinstance(spec.target, ColumnTarget)
         if column:
             if planned is not None:

@@ -594,6 +594,7 @@ TRIGGER_STATES: tuple[str, ...] = (
     "missing",
     "disabled",
     "broken",
+    "stale",
     "undeclared",
 )
 """The states of :func:`pgcounters.triggers.drift`, in the order they are reported."""
@@ -650,7 +651,7 @@ class TriggersSection:
             Metric(
                 "pgcounters_trigger_drift",
                 "1 for the state of a counter's triggers (installed, outdated, missing, "
-                "disabled, broken, undeclared), 0 for the other states.",
+                "disabled, broken, stale, undeclared), 0 for the other states.",
                 "gauge",
                 tuple(
                     ((("counter", c.counter), ("state", state)), int(c.state == state))

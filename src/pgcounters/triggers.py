@@ -39,7 +39,10 @@ from pgcounters.keys import check_name
 from pgcounters.specs import CounterSpec
 from pgcounters.sqlfiles import query
 
-State: TypeAlias = Literal["installed", "outdated", "missing", "disabled", "broken", "undeclared"]
+State: TypeAlias = Literal[
+    "installed", "outdated", "missing", "disabled", "broken", "stale", "undeclared"
+]
+ReplicaWrites: TypeAlias = Literal["flag", "count"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,29 @@ def follow(conn: psycopg.Connection[Any], name: str | None = None) -> list[str]:
         cur.execute(query("follow_descendants"), {"name": name, "apply": True})
         row = cur.fetchone()
     return list(row[0]) if row and row[0] else []
+
+
+def _stale(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("stale_counters"))
+        rows = cur.fetchall()
+    return {
+        name: f"{reason} ({statements} statements since {since:%Y-%m-%d %H:%M:%S%z}): recount it"
+        for name, reason, since, statements in rows
+    }
+
+
+def set_replica_writes(conn: psycopg.Connection[Any], name: str, mode: ReplicaWrites) -> None:
+    """What a counter does with rows written by a session with ``session_replication_role =
+    replica`` (logical replication's apply, some restore tools), which PostgreSQL's triggers
+    do not see by default: ``"flag"`` (the default) marks the counter stale until a recount;
+    ``"count"`` fires its triggers in every mode, for a replica of the counted tables whose
+    counters are not replicated with them."""
+    check_name(name)
+    if mode not in ("flag", "count"):
+        raise InvalidCounterDefinition(f"replica writes are 'flag' or 'count', not {mode!r}")
+    with translated(), conn.transaction():
+        conn.execute(query("set_replica_writes"), {"name": name, "mode": mode})
 
 
 def _unfollowed(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
@@ -321,7 +347,9 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
     carry its fingerprint; ``outdated`` when some carry another fingerprint or sit on
     another table than the spec's source;
     ``missing`` when some are absent; ``disabled`` when some are disabled; ``broken`` when
-    a schema change left the table without what the counter reads (its writes fail).
+    a schema change left the table without what the counter reads (its writes fail);
+    ``stale`` when rows were written that it did not count (``session_replication_role =
+    replica``) and no whole recount followed.
     Installed triggers of a counter that is not declared are ``undeclared``.
     """
     wanted = list(declared(conn) if specs is None else specs)
@@ -336,6 +364,7 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
                 conn, sql.Identifier(t.schema, t.table).as_string(conn)
             )
     unfollowed = _unfollowed(conn)
+    missed = _stale(conn)
     out: list[Drift] = []
     for s in wanted:
         reason = broken_on.get((s.source.schema, s.source.name), {}).get(s.name)
@@ -346,6 +375,10 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
         if s.name in unfollowed:
             by_name.pop(s.name, None)
             out.append(Drift(s.name, "missing", "; ".join(unfollowed[s.name])))
+            continue
+        if s.name in missed:
+            by_name.pop(s.name, None)
+            out.append(Drift(s.name, "stale", missed[s.name]))
             continue
         found = by_name.pop(s.name, [])
         events = {t.event for t in found}

@@ -282,3 +282,13 @@ SELECT pgcounters.broken_specs(%(table)s::regclass)
 -- Counters follow their tables' partitions and inheritance children (apply) or
 -- say what is not followed yet (not apply).
 SELECT pgcounters.follow_descendants(%(name)s, %(apply)s)
+
+-- name: clear_stale
+-- A whole recount of a counter starts: the writes it missed are in its truth.
+DELETE FROM pgcounters.stale_counters WHERE name = %(name)s
+
+-- name: stale_counters
+SELECT name, reason, since, statements FROM pgcounters.stale_counters ORDER BY name
+
+-- name: set_replica_writes
+SELECT pgcounters.set_replica_writes(%(name)s, %(mode)s)

@@ -111,7 +111,7 @@ BEGIN
             ' pgcounters.queue, pgcounters.queue_unlogged, pgcounters.specs,'
             ' pgcounters.recounts, pgcounters.quotas, pgcounters.quota_limits,'
             ' pgcounters.quota_usage, pgcounters.quota_log, pgcounters.buffer_flushes,'
-            ' pgcounters.drain_stats, pgcounters.pausers TO %I',
+            ' pgcounters.drain_stats, pgcounters.pausers, pgcounters.stale_counters TO %I',
         'GRANT INSERT ON pgcounters.queue, pgcounters.queue_unlogged TO %I',
         'GRANT EXECUTE ON FUNCTION pgcounters.incr(text, text[], bigint),'
             ' pgcounters.get(text, text[]), pgcounters._target(text),'
@@ -325,6 +325,10 @@ DECLARE
     tg record;
     v_done text[] := '{}';
 BEGIN
+    IF p_apply THEN
+        -- the triggers this creates and alters are its own: the DDL guard lets them be
+        PERFORM set_config('pgcounters.following', 'on', true);
+    END IF;
     FOR c IN
         SELECT DISTINCT i.name, i.root, i.target_id, i.rows_delta,
                (SELECT j.trigger_name FROM pgcounters._installed_on_source(i.name) AS j
@@ -387,6 +391,10 @@ BEGIN
             END LOOP;
         END LOOP;
     END LOOP;
+    IF p_apply THEN
+        PERFORM pgcounters._sync_replica_writes();
+        PERFORM set_config('pgcounters.following', '', true);
+    END IF;
     RETURN v_done;
 END;
 $$;
@@ -425,8 +433,9 @@ DECLARE
     c record;
     v_broken text[];
 BEGIN
-    IF to_regclass('pgcounters.specs') IS NULL THEN
-        RETURN;  -- the schema is being dropped
+    IF to_regclass('pgcounters.specs') IS NULL
+       OR current_setting('pgcounters.following', true) = 'on' THEN
+        RETURN;  -- the schema is being dropped, or this is pgcounters following a tree
     END IF;
     IF EXISTS (
         SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() AS d
@@ -483,6 +492,7 @@ BEGIN
        AND EXISTS (SELECT 1 FROM dropped AS o
                     WHERE o.object_type = 'trigger'
                       AND split_part(o.object_identity, ' on ', 1) LIKE 'pgc\_%\_trn'
+                      AND split_part(o.object_identity, ' on ', 1) <> 'pgc_replica_watch_trn'
                       AND substr(o.object_identity,
                                  length(split_part(o.object_identity, ' on ', 1)) + 5)
                           = f.object_identity)
@@ -526,3 +536,181 @@ $$;
 REVOKE EXECUTE ON FUNCTION pgcounters._installed_on_source(text), pgcounters._descendants(oid),
     pgcounters.follow_descendants(text, boolean), pgcounters._truncate_descendant(),
     pgcounters._guard_ddl(), pgcounters._guard_drop() FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------
+-- Writes made with session_replication_role = replica
+-- ---------------------------------------------------------------------------
+-- PostgreSQL fires ordinary triggers only in origin mode: a session with
+-- session_replication_role = replica (logical replication's apply worker,
+-- some restore and copy tools) writes rows no counter sees. Each counter
+-- chooses: 'flag' (the default) keeps its triggers in origin mode and records
+-- that it missed writes, so drift and status report it stale until a recount;
+-- 'count' fires its triggers in every mode (ENABLE ALWAYS), for a replica of
+-- the counted tables whose counters are not replicated with them.
+
+ALTER TABLE pgcounters.specs ADD COLUMN replica_writes text NOT NULL DEFAULT 'flag'
+    CHECK (replica_writes IN ('flag', 'count'));
+
+-- Counters that missed writes, until a recount of them starts.
+CREATE TABLE pgcounters.stale_counters (
+    name       text PRIMARY KEY,
+    reason     text NOT NULL,
+    since      timestamptz NOT NULL DEFAULT now(),
+    statements bigint NOT NULL DEFAULT 1
+);
+
+-- Fires, in every mode, for a statement of a replica-mode session on a counted
+-- table (or one of its descendants): each counter of the table that does not
+-- count such writes is recorded as stale.
+CREATE FUNCTION pgcounters._replica_write() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('session_replication_role') <> 'replica' THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO pgcounters.stale_counters AS sc (name, reason)
+    SELECT DISTINCT i.name,
+           format('%s written with session_replication_role = replica', TG_RELID::regclass)
+      FROM pgcounters._installed_on_source(NULL) AS i
+      JOIN pgcounters.specs AS s ON s.name = i.name
+     WHERE s.replica_writes = 'flag'
+       AND (i.root = TG_RELID OR TG_RELID IN (SELECT pgcounters._descendants(i.root)))
+     ORDER BY 1
+    ON CONFLICT (name) DO UPDATE SET statements = sc.statements + 1;
+    RETURN NULL;
+END;
+$$;
+
+ALTER FUNCTION pgcounters._replica_write()
+    SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp;
+
+-- Bring every counted table in line: the watch triggers on each table that
+-- carries a counter's triggers (and on no other), and each counter's triggers
+-- enabled in origin mode ('flag') or in every mode ('count').
+CREATE FUNCTION pgcounters._sync_replica_writes() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT t.tgrelid::regclass AS tbl
+          FROM pg_catalog.pg_trigger AS t JOIN pg_catalog.pg_proc AS p ON p.oid = t.tgfoid
+         WHERE NOT t.tgisinternal AND p.prosrc LIKE '%-- pgcounters spec fingerprint=%'
+           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS w
+                            WHERE w.tgrelid = t.tgrelid AND w.tgname = 'pgc_replica_watch')
+         ORDER BY 1
+    LOOP
+        EXECUTE format('CREATE TRIGGER pgc_replica_watch AFTER INSERT OR UPDATE OR DELETE ON %s'
+                       ' FOR EACH STATEMENT'
+                       ' WHEN (pg_catalog.current_setting(''session_replication_role'') = ''replica'')'
+                       ' EXECUTE FUNCTION pgcounters._replica_write()', r.tbl);
+        EXECUTE format('CREATE TRIGGER pgc_replica_watch_trn AFTER TRUNCATE ON %s'
+                       ' FOR EACH STATEMENT EXECUTE FUNCTION pgcounters._replica_write()', r.tbl);
+        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pgc_replica_watch', r.tbl);
+        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pgc_replica_watch_trn', r.tbl);
+    END LOOP;
+    FOR r IN
+        SELECT w.tgrelid::regclass AS tbl
+          FROM pg_catalog.pg_trigger AS w
+         WHERE w.tgname = 'pgc_replica_watch'
+           AND NOT EXISTS (
+               SELECT 1 FROM pg_catalog.pg_trigger AS t JOIN pg_catalog.pg_proc AS p
+                   ON p.oid = t.tgfoid
+                WHERE t.tgrelid = w.tgrelid AND NOT t.tgisinternal
+                  AND p.prosrc LIKE '%-- pgcounters spec fingerprint=%')
+         ORDER BY 1
+    LOOP
+        EXECUTE format('DROP TRIGGER pgc_replica_watch ON %s', r.tbl);
+        EXECUTE format('DROP TRIGGER IF EXISTS pgc_replica_watch_trn ON %s', r.tbl);
+    END LOOP;
+    -- each counter's triggers, on its table and every descendant, in its mode
+    FOR r IN
+        SELECT t.tgrelid::regclass AS tbl, t.tgname,
+               CASE s.replica_writes WHEN 'count' THEN 'ALWAYS' ELSE '' END AS enable
+          FROM pgcounters.specs AS s
+          JOIN pgcounters._installed_on_source(NULL) AS i ON i.name = s.name
+          JOIN pg_catalog.pg_trigger AS t
+            ON t.tgname = i.trigger_name
+           AND (t.tgrelid = i.root OR t.tgrelid IN (SELECT pgcounters._descendants(i.root)))
+         WHERE t.tgenabled <> 'D'
+           AND t.tgenabled <> CASE s.replica_writes WHEN 'count' THEN 'A' ELSE 'O' END
+         ORDER BY 1, 2
+    LOOP
+        EXECUTE format('ALTER TABLE %s ENABLE %s TRIGGER %I', r.tbl, r.enable, r.tgname);
+    END LOOP;
+END;
+$$;
+
+-- Choose what a counter does with replica-mode writes: 'flag' or 'count'.
+CREATE FUNCTION pgcounters.set_replica_writes(p_name text, p_mode text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_mode IS NULL OR p_mode NOT IN ('flag', 'count') THEN
+        RAISE EXCEPTION 'replica writes are ''flag'' or ''count'', not %', quote_nullable(p_mode)
+            USING ERRCODE = 'PC002';
+    END IF;
+    UPDATE pgcounters.specs SET replica_writes = p_mode WHERE name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no counter spec named % is recorded', quote_nullable(p_name)
+            USING ERRCODE = 'PC003';
+    END IF;
+    PERFORM pgcounters.follow_descendants(p_name);
+END;
+$$;
+
+-- the worker clears a counter's stale mark when it recounts it (as version 6,
+-- plus that right)
+CREATE OR REPLACE FUNCTION pgcounters.grant_worker(p_role text) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_done text[] := '{}';
+    v_stmt text;
+    t record;
+BEGIN
+    v_done := pgcounters.grant_app(p_role) || pgcounters._for_role(p_role, ARRAY[
+        'GRANT SELECT, INSERT, UPDATE, DELETE ON pgcounters.counters, pgcounters.queue,'
+            ' pgcounters.queue_unlogged, pgcounters.recounts, pgcounters.drain_stats TO %I',
+        'GRANT DELETE ON pgcounters.quota_usage, pgcounters.quota_log,'
+            ' pgcounters.stale_counters TO %I',
+        'GRANT SELECT, UPDATE ON SEQUENCE pgcounters.wakeup_clock TO %I',
+        'GRANT EXECUTE ON FUNCTION pgcounters.drain_batch(integer, boolean),'
+            ' pgcounters._record_drain(boolean, bigint, bigint, double precision),'
+            ' pgcounters._broken_targets(),'
+            ' pgcounters.reset_target(integer),'
+            ' pgcounters.purge_quotas(timestamptz, text) TO %I'
+    ]);
+    FOR t IN
+        SELECT DISTINCT target_schema AS s, target_table AS r, target_column AS c
+          FROM pgcounters.targets
+         WHERE target_table IS NOT NULL
+         ORDER BY 1, 2, 3
+    LOOP
+        IF to_regclass(format('%I.%I', t.s, t.r)) IS NULL THEN
+            CONTINUE;
+        END IF;
+        v_stmt := format('GRANT SELECT, UPDATE (%I) ON %I.%I TO %I', t.c, t.s, t.r, p_role);
+        EXECUTE v_stmt;
+        v_done := v_done || v_stmt;
+    END LOOP;
+    FOR t IN
+        SELECT DISTINCT definition -> 'source' ->> 'schema' AS s,
+                        definition -> 'source' ->> 'table' AS r
+          FROM pgcounters.specs
+         ORDER BY 1, 2
+    LOOP
+        IF t.s IS NULL OR t.r IS NULL OR to_regclass(format('%I.%I', t.s, t.r)) IS NULL THEN
+            CONTINUE;
+        END IF;
+        v_stmt := format('GRANT USAGE ON SCHEMA %I TO %I', t.s, p_role);
+        EXECUTE v_stmt;
+        v_done := v_done || v_stmt;
+        v_stmt := format('GRANT SELECT ON %I.%I TO %I', t.s, t.r, p_role);
+        EXECUTE v_stmt;
+        v_done := v_done || v_stmt;
+    END LOOP;
+    RETURN v_done;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION pgcounters._replica_write(), pgcounters._sync_replica_writes(),
+    pgcounters.set_replica_writes(text, text) FROM PUBLIC;
