@@ -16,7 +16,7 @@ from django.test.utils import isolate_apps
 from pgcounters import Counters, triggers
 from pgcounters.contrib.django import CountField, SumField
 from pgcounters.contrib.django.db import psycopg_connection
-from pgcounters.errors import PgCountersError
+from pgcounters.errors import InvalidCounterDefinition, PgCountersError
 from pgcounters.recount import verify
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,3 +103,30 @@ def test_names_too_long_or_not_a_counter_name_are_clear_errors() -> None:
     with pytest.raises(PgCountersError) as caught:
         field.spec()
     assert str(caught.value)
+
+
+@isolate_apps("blog")
+def test_a_sum_of_a_decimal_or_float_field_is_a_clear_error() -> None:
+    class Order(models.Model):
+        total = SumField("lines", "price")
+        weight = SumField("lines", "grams")
+        quantity = SumField("lines", "quantity")
+
+        class Meta:
+            app_label = "blog"
+
+    class Line(models.Model):
+        order = models.ForeignKey(Order, related_name="lines", on_delete=models.CASCADE)
+        price = models.DecimalField(max_digits=10, decimal_places=2)
+        grams = models.FloatField()
+        quantity = models.PositiveIntegerField()
+
+        class Meta:
+            app_label = "blog"
+
+    for name, kind in (("total", "DecimalField"), ("weight", "FloatField")):
+        field: Any = Order._meta.get_field(name)
+        with pytest.raises(InvalidCounterDefinition, match=f"is a {kind}: a counter sums integer"):
+            field.spec()
+    quantity: Any = Order._meta.get_field("quantity")
+    assert quantity.spec().sum == "quantity"

@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import errors as pg
+from psycopg import sql
 
 import blog_schema
 from pgcounters import Counters, security, triggers
@@ -377,3 +378,67 @@ def test_incr_runs_user_table_triggers_with_the_callers_rights(
         "::regprocedure"
     ).fetchone()
     assert definer == (False,)
+
+
+def test_app_role_may_not_pause_counting_unless_granted(
+    dsn: str, app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    role = app.execute("SELECT current_user").fetchone()
+    assert role is not None
+    insert = "INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')"
+    with (
+        triggers.paused(app),
+        pytest.raises(pg.InsufficientPrivilege, match="may not pause counting"),
+    ):
+        app.execute(insert)
+    # raw SQL as well as the helper: the setting itself is what is refused
+    app.execute("SET pgcounters.paused = 'blog.article.public_comments'")
+    with pytest.raises(pg.InsufficientPrivilege):
+        app.execute(insert)
+    app.execute("RESET pgcounters.paused")
+    app.execute(insert)
+    # a counter the setting does not name is counted as ever, and nothing was lost
+    truth = setup.execute(
+        "SELECT count(*) FROM blog_comment WHERE article_id = 1 AND publish_status = 'public'"
+    ).fetchone()
+    assert truth == (1,)
+    assert Counters(setup).get("blog.article.public_comments", 1) == 1
+
+    granted = security.grant_pause(setup, role[0])
+    assert len(granted) == 1
+    assert granted[0].startswith("INSERT INTO pgcounters.pausers")
+    assert role[0] in granted[0]
+    with triggers.paused(app, "blog.article.public_comments"):
+        app.execute(insert)
+    assert Counters(setup).get("blog.article.public_comments", 1) == 1  # paused: not counted
+    recount(setup, "blog.article.public_comments")
+    assert Counters(setup).get("blog.article.public_comments", 1) == 2
+
+    security.revoke(setup, role[0])
+    security.grant_app(setup, role[0])
+    with triggers.paused(app), pytest.raises(pg.InsufficientPrivilege):
+        app.execute(insert)
+
+
+def test_app_role_reads_only_the_counter_columns_of_a_parent(
+    dsn: str, setup: psycopg.Connection[Any]
+) -> None:
+    setup.execute("ALTER TABLE blog_user ADD COLUMN password_hash text NOT NULL DEFAULT 'x'")
+    with login_role(dsn, "pgc_app") as (role, role_dsn):
+        granted = security.grant_app(setup, role)
+        assert not any("USAGE ON SCHEMA public" in g for g in granted)
+        assert not any(g.startswith("GRANT SELECT ON public.") for g in granted)
+        with psycopg.connect(role_dsn, autocommit=True) as app:
+            pc = Counters(app)
+            setup.execute(
+                "INSERT INTO blog_comment (article_id, creator_id, publish_status)"
+                " VALUES (1, 2, 'public')"
+            )
+            assert pc.get("blog.user.public_comments", 2) == 1
+            assert pc.get("blog.article.public_comments", 1) == 1
+            with pytest.raises(pg.InsufficientPrivilege):
+                app.execute("SELECT password_hash FROM blog_user")
+        # everything granted is taken back: the role can be dropped without DROP OWNED
+        security.revoke(setup, role)
+        setup.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        setup.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))  # for cleanup

@@ -64,7 +64,8 @@ def test_all_installed(conn: psycopg.Connection[Any], specs: list[CounterSpec]) 
     assert found.lines() == ["triggers: 5 declared counters, all installed"]
     got = samples(status.prometheus(get_status(conn)))
     assert drift_of(got, specs[0].name) == {
-        "installed": 1, "outdated": 0, "missing": 0, "disabled": 0, "undeclared": 0,
+        "installed": 1, "outdated": 0, "missing": 0, "disabled": 0, "broken": 0, "stale": 0,
+        "undeclared": 0,
     }  # fmt: skip
     assert got[("pgcounters_triggers_drifted", ())] == 0
 

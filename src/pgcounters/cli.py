@@ -1087,9 +1087,9 @@ def _add_repair(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -> 
 def _cmd_grant(args: argparse.Namespace, dsn: str) -> int:
     from pgcounters import security
 
-    if not (args.app or args.worker or args.revoke):
+    if not (args.app or args.worker or args.pause or args.revoke):
         raise ConfigurationError(
-            "name at least one role: --app ROLE, --worker ROLE or --revoke ROLE"
+            "name at least one role: --app ROLE, --worker ROLE, --pause ROLE or --revoke ROLE"
         )
     with connect(dsn) as conn:
         done: list[str] = []
@@ -1099,6 +1099,8 @@ def _cmd_grant(args: argparse.Namespace, dsn: str) -> int:
             done += security.grant_app(conn, role)
         for role in args.worker or []:
             done += security.grant_worker(conn, role)
+        for role in args.pause or []:
+            done += security.grant_pause(conn, role)
     if not args.quiet:
         for statement in done:
             print(statement + ";")
@@ -1116,7 +1118,16 @@ def _add_security(add: Callable[[str, Handler, str], argparse.ArgumentParser]) -
         "--worker", action="append", metavar="ROLE", help="drain, recount, purge (and app rights)"
     )
     p.add_argument(
-        "--revoke", action="append", metavar="ROLE", help="take back rights on pgcounters objects"
+        "--pause",
+        action="append",
+        metavar="ROLE",
+        help="may pause counting in its own sessions (bulk imports followed by a recount)",
+    )
+    p.add_argument(
+        "--revoke",
+        action="append",
+        metavar="ROLE",
+        help="take back what --app, --worker and --pause gave",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="do not print the statements")
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from psycopg import sql
+from psycopg.abc import AdaptContext
 
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, KeyExpr, Table
 
@@ -189,10 +190,31 @@ def _key_parts(spec: CounterSpec) -> list[sql.Composable]:
     in the key type give one key with one canonical text (a timestamp column
     keying a date, numeric 1.0 and 1.00 keying a bigint), as the client encodes it.
     """
-    return [
-        sql.SQL("(({})::{})").format(_expr(k), sql.SQL(key_type))
-        for k, key_type in zip(spec.keys, spec.key_types, strict=True)
-    ]
+    return [key_part(_expr(k), t) for k, t in zip(spec.keys, spec.key_types, strict=True)]
+
+
+def typed_key_part(spec: CounterSpec, index: int = 0) -> sql.Composable:
+    """Key expression ``index`` of a spec in its key type, as the triggers compute it."""
+    return _key_parts(spec)[index]
+
+
+def key_part(expr: sql.Composable, key_type: str) -> sql.Composable:
+    """One key expression in its key type, the same whatever the session has SET.
+
+    A date goes through ``pgcounters.date_key``: a timestamptz keys its UTC date and a
+    text parses with a fixed field order, where a plain cast would follow the session's
+    TimeZone and DateStyle.
+    """
+    if key_type == "date":
+        return sql.SQL("pgcounters.date_key({})").format(expr)
+    return sql.SQL("(({})::{})").format(expr, sql.SQL(key_type))
+
+
+def part_text(part: sql.Composable, key_type: str) -> sql.Composable:
+    """The canonical text of a typed key part (a date's is ISO 8601 in every DateStyle)."""
+    if key_type == "date":
+        return sql.SQL("pgcounters.date_text({})").format(part)
+    return sql.SQL("{}::text").format(part)
 
 
 def _text_key(spec: CounterSpec) -> sql.Composable:
@@ -200,7 +222,9 @@ def _text_key(spec: CounterSpec) -> sql.Composable:
     if not spec.keys:
         return sql.SQL("'{}'::text[]")
     return sql.SQL("ARRAY[{}]::text[]").format(
-        sql.SQL(", ").join(sql.SQL("{}::text").format(p) for p in _key_parts(spec))
+        sql.SQL(", ").join(
+            part_text(p, t) for p, t in zip(_key_parts(spec), spec.key_types, strict=True)
+        )
     )
 
 
@@ -252,6 +276,69 @@ def contributions(
         alias=sql.Identifier(spec.source.name),
         where=where,
     )
+
+
+def probe_query(spec: CounterSpec) -> sql.Composed:
+    """A query that reads exactly what the spec's triggers read from a source row (its
+    condition, its key parts, its summed value as an integer), never run, only planned.
+
+    It stops planning when the source table no longer has what the counter needs: a key or
+    summed column renamed or dropped, a type that does not cast to the key type, a summed
+    value that is not an integer (a numeric or float sum would be rounded per statement).
+    """
+    values: list[sql.Composable] = list(_key_parts(spec))
+    if spec.sum is not None:
+        values.append(sql.SQL("pgcounters.integer_value({})").format(_expr(spec.sum)))
+    return sql.SQL("SELECT {values} FROM {source} AS {alias} WHERE {where} LIMIT 0").format(
+        values=sql.SQL(", ").join(values) if values else sql.SQL("1"),
+        source=spec.source.identifier(),
+        alias=sql.Identifier(spec.source.name),
+        where=row_filter(spec),
+    )
+
+
+ROWS = "pgc_rows"
+_TABLE_SLOT = "\x00table\x00"  # where format() puts the table: no SQL holds a NUL
+
+
+def rows_delta_sql(spec: CounterSpec, context: AdaptContext) -> str:
+    """A statement that applies ``$2`` times the contribution of every row of one table, in
+    the spec's mode, to its target ``$1``; the table is ``%s``, for ``format()``.
+
+    A table that joins or leaves the counted table's tree of partitions or inheritance
+    children, or a partition truncated alone, changes the counts by its rows' contribution
+    without any row being inserted or deleted: the database applies this to it (+1 for a
+    table that joins, -1 for one that leaves or is truncated). ``%`` in the compiled SQL is
+    doubled, so that ``format('%s')`` fills in the table only.
+    """
+    rows = sql.Identifier(ROWS)
+    head = sql.SQL("WITH {} AS MATERIALIZED (SELECT * FROM ONLY {}) ").format(
+        rows, sql.SQL(_TABLE_SLOT)
+    )
+    statement: sql.Composed
+    if spec.mode != "direct":
+        queue = "queue" if spec.mode == "queued" else "queue_unlogged"
+        statement = head + sql.SQL(
+            "INSERT INTO {} (target_id, key, delta)"
+            " SELECT $1, c.key, $2 * c.delta FROM ({}) AS c WHERE c.delta <> 0"
+        ).format(sql.Identifier("pgcounters", queue), contributions(spec, rows))
+    elif not isinstance(spec.target, ColumnTarget):
+        statement = head + sql.SQL(
+            "SELECT pgcounters.add_direct(array_agg($1), array_agg(c.key::text),"
+            " array_agg($2 * c.delta)) FROM ({}) AS c WHERE c.delta <> 0"
+        ).format(contributions(spec, rows))
+    else:
+        t = spec.target
+        statement = head + sql.SQL(
+            "UPDATE {parent} AS x SET {col} = coalesce(x.{col}, 0) + $2 * c.delta"
+            " FROM ({rows}) AS c WHERE x.{key_col} = c.key AND c.delta <> 0"
+        ).format(
+            parent=t.table.identifier(),
+            col=sql.Identifier(t.column),
+            key_col=sql.Identifier(t.key_column),
+            rows=contributions(spec, rows, typed=True),
+        )
+    return statement.as_string(context).replace("%", "%%").replace(_TABLE_SLOT, "%s")
 
 
 def truth_query(spec: CounterSpec, extra: sql.Composable | None = None) -> sql.Composed:

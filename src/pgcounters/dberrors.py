@@ -30,6 +30,7 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PC006": errors.ConfigurationError,
     "PCC01": errors.CounterColumnWrite,
     "PCB01": errors.CounterBackfilling,
+    "PC020": errors.CounterBroken,
 }
 
 _CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {

@@ -81,6 +81,11 @@ class CounterBackfilling(CounterError):
     """The counter is being backfilled: its exact values are ready when the backfill ends."""
 
 
+class CounterBroken(CounterError):
+    """A schema change broke a declared counter (a column it reads was renamed, dropped or
+    changed type): install the counter again to match the table, or undo the change."""
+
+
 class DrainError(PgCountersError):
     """Draining the queue failed."""
 

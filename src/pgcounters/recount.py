@@ -46,11 +46,13 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from pgcounters.client import record_retry, retry_reason
-from pgcounters.compiler import ensure_target_call, truth_query
+from pgcounters.compiler import ensure_target_call, part_text, truth_query, typed_key_part
 from pgcounters.dberrors import translated
 from pgcounters.errors import BatchAborted, InvalidCounterDefinition
 from pgcounters.keys import decode_key
-from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
+from pgcounters.specs import ColumnTarget, CounterSpec
+from pgcounters.sqlfiles import query
+from pgcounters.triggers import check_not_broken
 from pgcounters.triggers import spec as recorded_spec
 
 logger = logging.getLogger("pgcounters.recount")
@@ -143,9 +145,9 @@ class RecountResult:
 
 
 def _resolve(conn: psycopg.Connection[Any], counter: CounterSpec | str) -> CounterSpec:
-    if isinstance(counter, CounterSpec):
-        return counter
-    return recorded_spec(conn, counter)
+    spec = counter if isinstance(counter, CounterSpec) else recorded_spec(conn, counter)
+    check_not_broken(conn, spec)  # a CounterBroken naming it, not a raw UndefinedColumn
+    return spec
 
 
 def _target_id(conn: psycopg.Connection[Any], spec: CounterSpec) -> int:
@@ -155,10 +157,17 @@ def _target_id(conn: psycopg.Connection[Any], spec: CounterSpec) -> int:
 
 
 def _key_expr(spec: CounterSpec, part: int = 0) -> sql.Composable:
-    key = spec.keys[part]
-    if isinstance(key, Fragment):
-        return sql.SQL("({})").format(key.composed())
-    return sql.Identifier(key)
+    """Key expression ``part`` in its key type, exactly as the triggers compute it: a
+    filter on it selects the rows that count for those keys (a timestamp keying a date
+    is compared as that date, not as the instant at midnight)."""
+    return typed_key_part(spec, part)
+
+
+def _parent_key_text(spec: CounterSpec, column: sql.Composable) -> sql.Composable:
+    """A column counter's parent key as the one-part text[] key the queues keep."""
+    t = spec.target
+    assert isinstance(t, ColumnTarget)
+    return sql.SQL("ARRAY[{}]").format(part_text(column, t.key_type))
 
 
 def _typed_array(values: Sequence[Any], key_type: str) -> sql.Composable:
@@ -251,13 +260,14 @@ def _verify_column(spec: CounterSpec, target: int, sample: int | None) -> sql.Co
     return sql.SQL(
         "WITH keys AS MATERIALIZED ({keys}), truth AS ({truth}), pending AS ({pending}),"
         " compared AS ("
-        " SELECT ARRAY[(x.{k})::text] AS key,"
+        " SELECT {text_key} AS key,"
         " coalesce(x.{c}, 0) + coalesce(p.delta, 0) AS actual,"
         " coalesce(t.delta, 0) AS expected"
         " FROM {p} AS x JOIN keys ON keys.k = x.{k}"
-        " LEFT JOIN truth AS t ON t.key = ARRAY[(x.{k})::text]"
-        " LEFT JOIN pending AS p ON p.key = ARRAY[(x.{k})::text]) {compare}"
+        " LEFT JOIN truth AS t ON t.key = {text_key}"
+        " LEFT JOIN pending AS p ON p.key = {text_key}) {compare}"
     ).format(
+        text_key=_parent_key_text(spec, sql.SQL("x.{}").format(k)),
         keys=keys,
         truth=truth,
         pending=_pending(target),
@@ -335,6 +345,9 @@ def recount(
             target = _target_id(conn, spec)
         result = RecountResult(spec.name)
         cursor = _start(conn, spec.name, resume, result)
+        if cursor is None and key_range is None:
+            # a whole recount: writes the counter missed before it starts are in its truth
+            conn.execute(query("clear_stale"), {"name": spec.name})
         column = isinstance(spec.target, ColumnTarget)
         if column:
             if planned is not None:
@@ -545,21 +558,24 @@ def _recount_column(
     mine = _typed_array(locked, t.key_type)
     # 2. truth and pending from one snapshot: stored = truth - pending
     truth = truth_query(spec, sql.SQL("{} = ANY ({})").format(_key_expr(spec), mine))
-    text_keys = sql.SQL("SELECT ARRAY[u::text] FROM unnest({}) AS u").format(mine)
+    text_keys = sql.SQL("SELECT {} FROM unnest({}) AS u").format(
+        _parent_key_text(spec, sql.SQL("u")), mine
+    )
     conn.execute(APPLYING_ON)
     cur = conn.execute(
         sql.SQL(
             "WITH truth AS ({truth}), pending AS ({pending}),"
             " wanted AS (SELECT x.{k} AS k, coalesce(t.delta, 0) - coalesce(p.delta, 0) AS value"
             " FROM {p} AS x"
-            " LEFT JOIN truth AS t ON t.key = ARRAY[(x.{k})::text]"
-            " LEFT JOIN pending AS p ON p.key = ARRAY[(x.{k})::text]"
+            " LEFT JOIN truth AS t ON t.key = {text_key}"
+            " LEFT JOIN pending AS p ON p.key = {text_key}"
             " WHERE x.{k} = ANY ({keys}))"
             " UPDATE {p} AS x SET {c} = w.value FROM wanted AS w"
             " WHERE x.{k} = w.k AND x.{c} IS DISTINCT FROM w.value"
         ).format(
             truth=truth,
             pending=_pending(target, text_keys),
+            text_key=_parent_key_text(spec, sql.SQL("x.{}").format(k)),
             k=k,
             c=c,
             p=parent,

@@ -20,8 +20,13 @@ from pgcounters import schema, sqlfiles
 from pgcounters.dberrors import translated
 from pgcounters.errors import ConfigurationError
 
-Kind: TypeAlias = Literal["app", "worker", "revoke"]
-_QUERY: dict[Kind, str] = {"app": "grant_app", "worker": "grant_worker", "revoke": "revoke_role"}
+Kind: TypeAlias = Literal["app", "worker", "pause", "revoke"]
+_QUERY: dict[Kind, str] = {
+    "app": "grant_app",
+    "worker": "grant_worker",
+    "pause": "grant_pause",
+    "revoke": "revoke_role",
+}
 MAX_ROLE_BYTES = 63
 
 
@@ -61,6 +66,13 @@ def grant_worker(conn: psycopg.Connection[Any], role: str) -> list[str]:
     with translated(), conn.transaction():
         conn.execute(statement)
     return [*done, statement.as_string(conn)]
+
+
+def grant_pause(conn: psycopg.Connection[Any], role: str) -> list[str]:
+    """Let ``role`` pause counting in its own sessions (``pgcounters.paused``, for bulk
+    imports followed by a recount). The schema's owner and superusers may always; any other
+    role that sets it gets an error at its first counted write."""
+    return _run(conn, "pause", role)
 
 
 def revoke(conn: psycopg.Connection[Any], role: str) -> list[str]:

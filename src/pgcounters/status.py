@@ -588,7 +588,15 @@ def make_server(dsn: str, host: str = "127.0.0.1", port: int = 9187) -> Threadin
 
 # -- the triggers section: installed vs declared ------------------------------------
 
-TRIGGER_STATES: tuple[str, ...] = ("installed", "outdated", "missing", "disabled", "undeclared")
+TRIGGER_STATES: tuple[str, ...] = (
+    "installed",
+    "outdated",
+    "missing",
+    "disabled",
+    "broken",
+    "stale",
+    "undeclared",
+)
 """The states of :func:`pgcounters.triggers.drift`, in the order they are reported."""
 
 
@@ -643,7 +651,7 @@ class TriggersSection:
             Metric(
                 "pgcounters_trigger_drift",
                 "1 for the state of a counter's triggers (installed, outdated, missing, "
-                "disabled, undeclared), 0 for the other states.",
+                "disabled, broken, stale, undeclared), 0 for the other states.",
                 "gauge",
                 tuple(
                     ((("counter", c.counter), ("state", state)), int(c.state == state))

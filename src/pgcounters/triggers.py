@@ -26,16 +26,25 @@ from pgcounters.compiler import (
     compile_spec,
     ensure_target_call,
     events_of,
+    probe_query,
+    rows_delta_sql,
     trigger_name,
-    truth_query,
 )
 from pgcounters.dberrors import translate, translated
-from pgcounters.errors import CounterDeliveredElsewhere, InvalidCounterDefinition, UnknownCounter
+from pgcounters.errors import (
+    CounterBroken,
+    CounterDeliveredElsewhere,
+    InvalidCounterDefinition,
+    UnknownCounter,
+)
 from pgcounters.keys import check_name
 from pgcounters.specs import ColumnTarget, CounterSpec
 from pgcounters.sqlfiles import query
 
-State: TypeAlias = Literal["installed", "outdated", "missing", "disabled", "undeclared"]
+State: TypeAlias = Literal[
+    "installed", "outdated", "missing", "disabled", "broken", "stale", "undeclared"
+]
+ReplicaWrites: TypeAlias = Literal["flag", "count"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,8 @@ class InstalledTrigger:
     spec_name: str
     event: str
     fingerprint: str
+    follower: bool = False
+    """On a partition or inheritance child of the counted table (see :func:`follow`)."""
 
 
 @dataclass(frozen=True)
@@ -65,15 +76,22 @@ class Drift:
 
 
 def validate(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
-    """Check against the database that the spec's SQL compiles (EXPLAIN of its truth query)."""
+    """Check against the database that the spec's SQL compiles (EXPLAIN of its probe: the
+    condition, the key parts and the summed value, which must be an integer)."""
     try:
         with conn.transaction(), conn.cursor() as cur:
-            cur.execute(sql.SQL("EXPLAIN ") + truth_query(spec))
+            cur.execute(sql.SQL("EXPLAIN ") + probe_query(spec))
     except psycopg.Error as exc:
+        message = exc.diag.message_primary or str(exc)
+        if isinstance(exc, psycopg.errors.UndefinedFunction) and "integer_value" in message:
+            raise InvalidCounterDefinition(
+                f"counter {spec.name}: its sum ({spec.sum}) is not of an integer type; "
+                "counters hold bigint values, so a numeric or floating-point sum would be "
+                "rounded at every statement: sum an integer (e.g. cents, not dollars)"
+            ) from exc
         mapped = translate(exc)
         if mapped is not None and not isinstance(mapped, InvalidCounterDefinition):
             raise mapped from exc
-        message = exc.diag.message_primary or str(exc)
         raise InvalidCounterDefinition(
             f"counter {spec.name}: its definition does not compile against table "
             f"{spec.source}: {message}"
@@ -81,11 +99,105 @@ def validate(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
 
 
 def record(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
-    """Record the spec in ``pgcounters.specs`` (for verify, recount and drift)."""
+    """Record the spec in ``pgcounters.specs`` (for verify, recount, drift and the guard
+    that refuses a schema change breaking it)."""
     conn.execute(
         query("record_spec"),
-        {"name": spec.name, "fingerprint": spec.fingerprint, "definition": Jsonb(spec.to_json())},
+        {
+            "name": spec.name,
+            "fingerprint": spec.fingerprint,
+            "definition": Jsonb(spec.to_json()),
+            "probe": probe_query(spec).as_string(conn),
+            "rows_delta": rows_delta_sql(spec, conn),
+        },
     )
+
+
+def follow(conn: psycopg.Connection[Any], name: str | None = None) -> list[str]:
+    """Make recorded counters (one, or all) count every partition and inheritance child of
+    their tables: a descendant gets the counter's triggers and its rows counted; a table that
+    left the tree loses them and its rows' contribution. Returns what was done.
+
+    :func:`install` and Django's migrate call it; so does the database itself after each
+    ``CREATE TABLE`` or ``ALTER TABLE`` where the schema was installed by a superuser.
+    """
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("follow_descendants"), {"name": name, "apply": True})
+        row = cur.fetchone()
+    return list(row[0]) if row and row[0] else []
+
+
+def _stale(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("stale_counters"))
+        rows = cur.fetchall()
+    return {
+        name: f"{reason} ({statements} statements since {since:%Y-%m-%d %H:%M:%S%z}): recount it"
+        for name, reason, since, statements in rows
+    }
+
+
+def set_replica_writes(conn: psycopg.Connection[Any], name: str, mode: ReplicaWrites) -> None:
+    """What a counter does with rows written by a session with ``session_replication_role =
+    replica`` (logical replication's apply, some restore tools), which PostgreSQL's triggers
+    do not see by default: ``"flag"`` (the default) marks the counter stale until a recount;
+    ``"count"`` fires its triggers in every mode, for a replica of the counted tables whose
+    counters are not replicated with them."""
+    check_name(name)
+    if mode not in ("flag", "count"):
+        raise InvalidCounterDefinition(f"replica writes are 'flag' or 'count', not {mode!r}")
+    with translated(), conn.transaction():
+        conn.execute(query("set_replica_writes"), {"name": name, "mode": mode})
+
+
+def _unfollowed(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("follow_descendants"), {"name": None, "apply": False})
+        row = cur.fetchone()
+    out: dict[str, list[str]] = {}
+    for action in list(row[0]) if row and row[0] else []:
+        verb, table, _, name = action.split(" ", 3)
+        out.setdefault(name, []).append(
+            f"{table} {'is not counted' if verb == 'count' else 'left the table but is counted'}"
+        )
+    return out
+
+
+def broken(conn: psycopg.Connection[Any], table: str) -> dict[str, str]:
+    """The counters installed on ``table`` (a qualified name) that a schema change broke,
+    with the error their probe gives."""
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query("broken_specs"), {"table": table})
+        row = cur.fetchone()
+    pairs = list(row[0]) if row and row[0] else []
+    return dict(zip(pairs[::2], pairs[1::2], strict=True))
+
+
+# what planning a probe raises when its table changed under it
+_SCHEMA_CHANGED = (
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.DatatypeMismatch,
+    psycopg.errors.CannotCoerce,
+)
+
+
+def check_not_broken(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
+    """Raise :class:`CounterBroken` naming the counter when its source table no longer has
+    what it reads (verify and recount call it before reading the truth)."""
+    try:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(sql.SQL("EXPLAIN ") + probe_query(spec))
+    except psycopg.Error as exc:
+        if not isinstance(exc, _SCHEMA_CHANGED):
+            mapped = translate(exc)
+            raise exc if mapped is None else mapped from exc
+        raise CounterBroken(
+            f"counter {spec.name} no longer matches table {spec.source}: "
+            f"{exc.diag.message_primary or exc}; install it again to match the table "
+            "(for Django models: makemigrations and migrate), or undo the change"
+        ) from exc
 
 
 def install(
@@ -126,6 +238,7 @@ def install(
             if before.get(spec.name) != spec.fingerprint:
                 backfills.request(conn, spec)
                 changed.append(spec.name)
+            follow(conn, spec.name)
     if backfill and changed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         backfills.run(conn, changed)
     return [spec.name for spec in chosen]
@@ -166,7 +279,7 @@ def _drop_moved(
     by_name = {spec.name: spec for spec in specs}
     for t in present:
         spec = by_name.get(t.spec_name)
-        if spec is not None and not _on_source(spec, t):
+        if spec is not None and not t.follower and not _on_source(spec, t):
             conn.execute(
                 sql.SQL("DROP TRIGGER {} ON {}").format(
                     sql.Identifier(t.trigger), sql.Identifier(t.schema, t.table)
@@ -187,6 +300,14 @@ def uninstall(conn: psycopg.Connection[Any], name: str, *, drop_values: bool = F
             conn.execute(
                 sql.SQL("DROP TRIGGER {} ON {}").format(
                     sql.Identifier(t.trigger), sql.Identifier(t.schema, t.table)
+                )
+            )
+        for schema_name, table in sorted({(t.schema, t.table) for t in found if t.follower}):
+            # a followed descendant's BEFORE TRUNCATE trigger
+            conn.execute(
+                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                    sql.Identifier(trigger_name(name, "truncate")),
+                    sql.Identifier(schema_name, table),
                 )
             )
         for event in EVENTS + GUARD_EVENTS:
@@ -210,7 +331,7 @@ def installed(conn: psycopg.Connection[Any]) -> list[InstalledTrigger]:
     out: list[InstalledTrigger] = []
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query("counter_triggers"))
-        for nsp, table, trigger, enabled, source in cur.fetchall():
+        for nsp, table, trigger, enabled, source, follower in cur.fetchall():
             match = MARKER_RE.search(source)
             if match is None:  # pragma: no cover - the query selects on the marker
                 continue
@@ -223,6 +344,7 @@ def installed(conn: psycopg.Connection[Any]) -> list[InstalledTrigger]:
                     match["name"],
                     match["event"],
                     match["fingerprint"],
+                    bool(follower),
                 )
             )
     return out
@@ -249,15 +371,40 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
     A counter is ``installed`` when its four triggers exist, are enabled and
     carry its fingerprint; ``outdated`` when some carry another fingerprint or sit on
     another table than the spec's source;
-    ``missing`` when some are absent; ``disabled`` when some are disabled.
+    ``missing`` when some are absent; ``disabled`` when some are disabled; ``broken`` when
+    a schema change left the table without what the counter reads (its writes fail);
+    ``stale`` when rows were written that it did not count (``session_replication_role =
+    replica``) and no whole recount followed.
     Installed triggers of a counter that is not declared are ``undeclared``.
     """
     wanted = list(declared(conn) if specs is None else specs)
     by_name: dict[str, list[InstalledTrigger]] = {}
     for t in installed(conn):
-        by_name.setdefault(t.spec_name, []).append(t)
+        if not t.follower:  # followed descendants: see _unfollowed below
+            by_name.setdefault(t.spec_name, []).append(t)
+    broken_on: dict[tuple[str, str], dict[str, str]] = {}
+    for t in (t for found in by_name.values() for t in found):
+        if (t.schema, t.table) not in broken_on:
+            broken_on[(t.schema, t.table)] = broken(
+                conn, sql.Identifier(t.schema, t.table).as_string(conn)
+            )
+    unfollowed = _unfollowed(conn)
+    missed = _stale(conn)
     out: list[Drift] = []
     for s in wanted:
+        reason = broken_on.get((s.source.schema, s.source.name), {}).get(s.name)
+        if reason is not None and s.name in by_name:
+            by_name.pop(s.name)
+            out.append(Drift(s.name, "broken", f"the table changed under it: {reason}"))
+            continue
+        if s.name in unfollowed:
+            by_name.pop(s.name, None)
+            out.append(Drift(s.name, "missing", "; ".join(unfollowed[s.name])))
+            continue
+        if s.name in missed:
+            by_name.pop(s.name, None)
+            out.append(Drift(s.name, "stale", missed[s.name]))
+            continue
         found = by_name.pop(s.name, [])
         events = {t.event for t in found}
         stale = sorted(

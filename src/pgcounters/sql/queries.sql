@@ -149,7 +149,11 @@ SELECT (SELECT count(*) FROM pgcounters.queue), (SELECT count(*) FROM pgcounters
 -- name: counter_triggers
 -- Triggers compiled by pgcounters, whatever delivered them: their function
 -- source carries a marker line with the spec name and fingerprint.
-SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D', p.prosrc
+SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D', p.prosrc,
+       -- a partition or child the counter follows (it counts for its counted table)
+       EXISTS (SELECT 1 FROM pg_trigger u
+                WHERE u.tgrelid = t.tgrelid
+                  AND u.tgfoid = to_regproc('pgcounters._truncate_descendant'))
   FROM pg_trigger t
   JOIN pg_class c ON c.oid = t.tgrelid
   JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -159,10 +163,11 @@ SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D', p.prosrc
  ORDER BY 1, 2, 3
 
 -- name: record_spec
-INSERT INTO pgcounters.specs (name, fingerprint, definition)
-VALUES (%(name)s, %(fingerprint)s, %(definition)s)
+INSERT INTO pgcounters.specs (name, fingerprint, definition, probe, rows_delta)
+VALUES (%(name)s, %(fingerprint)s, %(definition)s, %(probe)s, %(rows_delta)s)
 ON CONFLICT (name) DO UPDATE
-   SET fingerprint = excluded.fingerprint, definition = excluded.definition, updated_at = now()
+   SET fingerprint = excluded.fingerprint, definition = excluded.definition,
+       probe = excluded.probe, rows_delta = excluded.rows_delta, updated_at = now()
 
 -- name: forget_spec
 DELETE FROM pgcounters.specs WHERE name = %(name)s
@@ -286,9 +291,31 @@ SELECT pgcounters.grant_worker(%(role)s);
 -- name: revoke_role
 SELECT pgcounters.revoke_role(%(role)s);
 
+-- name: grant_pause
+SELECT pgcounters.grant_pause(%(role)s);
+
 -- name: drain_read_committed
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
 -- name: counters_writable
 SELECT has_table_privilege('pgcounters.counters', 'INSERT')
    AND has_table_privilege('pgcounters.counters', 'UPDATE');
+
+-- name: broken_specs
+-- Counters installed on a table whose probe does not plan: [name, error, ...].
+SELECT pgcounters.broken_specs(%(table)s::regclass)
+
+-- name: follow_descendants
+-- Counters follow their tables' partitions and inheritance children (apply) or
+-- say what is not followed yet (not apply).
+SELECT pgcounters.follow_descendants(%(name)s, %(apply)s)
+
+-- name: clear_stale
+-- A whole recount of a counter starts: the writes it missed are in its truth.
+DELETE FROM pgcounters.stale_counters WHERE name = %(name)s
+
+-- name: stale_counters
+SELECT name, reason, since, statements FROM pgcounters.stale_counters ORDER BY name
+
+-- name: set_replica_writes
+SELECT pgcounters.set_replica_writes(%(name)s, %(mode)s)

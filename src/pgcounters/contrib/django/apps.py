@@ -47,7 +47,7 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
     from pgcounters.compiler import ensure_target_call
     from pgcounters.contrib.django.db import psycopg_connection
     from pgcounters.contrib.django.declarations import declared_counters
-    from pgcounters.triggers import declared, installed, record, uninstall
+    from pgcounters.triggers import declared, follow, installed, record, uninstall
 
     when = getattr(settings, "PGCOUNTERS_BACKFILL", "migrate")
     if when not in ("migrate", "worker"):
@@ -63,6 +63,7 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
                 record(conn, spec)
                 if before.get(spec.name) != spec.fingerprint:
                     backfill.request(conn, spec)
+        follow(conn)  # partitions and inheritance children of counted tables
         names = {spec.name for spec in specs}
         live = {t.spec_name for t in installed(conn)}
         for name in sorted(set(before) - names - live):

@@ -48,8 +48,10 @@ def check_database(
                         out.append(
                             checks.Error(
                                 f"counter {drift.name}: triggers {drift.state} ({drift.detail})",
-                                hint="run `manage.py migrate` (and `makemigrations` if a "
-                                "declaration changed)",
+                                hint="run `manage.py pgcounters recount`"
+                                if drift.state == "stale"
+                                else "run `manage.py migrate` (and `makemigrations` if a "
+                                "declaration changed, or the table did)",
                                 id="pgcounters.E003",
                             )
                         )

@@ -88,6 +88,20 @@ def _column(model: type[models.Model], name: str) -> str:
     return column
 
 
+def _summed_column(model: type[models.Model], name: str) -> str:
+    """The column of an integer field to sum (counters hold bigint values: a decimal or
+    float sum would be rounded at every statement)."""
+    column = _column(model, name)
+    field = model._meta.get_field(name)
+    if not isinstance(field, models.IntegerField) or isinstance(field, models.BooleanField):
+        raise InvalidCounterDefinition(
+            f"{model.__name__}.{name} is a {type(field).__name__}: a counter sums integer "
+            "fields only (counters hold bigint values, so a decimal or float sum would be "
+            "rounded at every write; store cents, not dollars)"
+        )
+    return column
+
+
 def _table(model: type[models.Model]) -> Table:
     return Table(model._meta.db_table)
 
@@ -156,7 +170,7 @@ class CountField(models.BigIntegerField):  # type: ignore[type-arg]
         assert isinstance(source, type)
         fk = rel.remote_field
         where = None if self.counter_filter is None else q_to_fragment(source, self.counter_filter)
-        summed = None if self.counter_sum is None else _column(source, self.counter_sum)
+        summed = None if self.counter_sum is None else _summed_column(source, self.counter_sum)
         column, fk_column, key_column = self.column, fk.column, fk.target_field.column
         if not (column and fk_column and key_column):  # pragma: no cover - concrete fields
             raise InvalidCounterDefinition(f"{model.__name__}.{self.name} has no column")
@@ -204,7 +218,7 @@ class NamedCounter:
             keys=tuple(_column(self.model, k) for k in self.keys),
             target=NamedTarget(tuple(key_type_of(f) for f in fields)),  # type: ignore[arg-type]
             where=None if self.filter is None else q_to_fragment(self.model, self.filter),
-            sum=None if self.sum is None else _column(self.model, self.sum),
+            sum=None if self.sum is None else _summed_column(self.model, self.sum),
             mode=self.mode,
         )
 
