@@ -144,9 +144,13 @@ class RecountResult:
     """Keys whose rows another transaction held during their batch: recounted at the end."""
 
 
-def _resolve(conn: psycopg.Connection[Any], counter: CounterSpec | str) -> CounterSpec:
+def _resolve(
+    conn: psycopg.Connection[Any], counter: CounterSpec | str, operation: str
+) -> CounterSpec:
     spec = counter if isinstance(counter, CounterSpec) else recorded_spec(conn, counter)
-    check_not_broken(conn, spec)  # a CounterBroken naming it, not a raw UndefinedColumn
+    # a CounterBroken naming it, not a raw UndefinedColumn (planning the probe takes the
+    # table's lightest lock: retried like a batch when a lock_timeout cuts it short)
+    retrying(conn, operation, spec.name, partial(check_not_broken, conn, spec))
     return spec
 
 
@@ -209,7 +213,7 @@ def verify(
     if sample is not None and sample < 1:
         raise InvalidCounterDefinition(f"sample must be a positive number of keys, got {sample}")
     with translated():
-        spec = _resolve(conn, counter)
+        spec = _resolve(conn, counter, "verify")
         target = _target_id(conn, spec)
         if isinstance(spec.target, ColumnTarget):
             stmt = _verify_column(spec, target, sample)
@@ -340,7 +344,7 @@ def recount(
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise psycopg.ProgrammingError("recount commits per batch: call it outside a transaction")
     with translated():
-        spec = _resolve(conn, counter)
+        spec = _resolve(conn, counter, "recount")
         with conn.transaction():
             target = _target_id(conn, spec)
         result = RecountResult(spec.name)

@@ -363,7 +363,9 @@ BEGIN
         LOOP
             v_done := v_done || format('count %s in %s', d::regclass, c.name);
             CONTINUE WHEN NOT p_apply;
+            PERFORM set_config('pgcounters.applying', 'on', true);  -- a counter column's write
             EXECUTE format(c.rows_delta, d::regclass) USING c.target_id, 1;
+            PERFORM set_config('pgcounters.applying', '', true);
             FOR tg IN
                 SELECT * FROM pgcounters._installed_on_source(c.name) ORDER BY trigger_name
             LOOP
@@ -400,7 +402,9 @@ BEGIN
         LOOP
             v_done := v_done || format('uncount %s from %s', d::regclass, c.name);
             CONTINUE WHEN NOT p_apply;
+            PERFORM set_config('pgcounters.applying', 'on', true);  -- a counter column's write
             EXECUTE format(c.rows_delta, d::regclass) USING c.target_id, -1;
+            PERFORM set_config('pgcounters.applying', '', true);
             FOR tg IN
                 SELECT * FROM pgcounters._installed_on_source(c.name) ORDER BY trigger_name
             LOOP
@@ -435,7 +439,9 @@ BEGIN
                 TG_ARGV[0], TG_RELID::regclass
             USING ERRCODE = 'PC020';
     END IF;
+    PERFORM set_config('pgcounters.applying', 'on', true);  -- a counter column's write
     EXECUTE format(v_sql, TG_RELID::regclass) USING v_target, -1;
+    PERFORM set_config('pgcounters.applying', '', true);
     RETURN NULL;
 END;
 $$;
