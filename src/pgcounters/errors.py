@@ -164,3 +164,12 @@ class StatementTimeout(PgCountersError, _pg.QueryCanceled):
 class LockTimeout(PgCountersError, _pg.LockNotAvailable):
     """A lock was not granted within lock_timeout: nothing of the statement was written, its
     transaction is aborted; roll back and retry."""
+
+
+class ReplicaError(PgCountersError):
+    """This server is a read-only hot standby: writes, and exact reads of unlogged counters,
+    go to the primary."""
+
+
+class ReplicaNotCaughtUp(ReplicaError):
+    """The standby did not replay the primary's position within the time allowed."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -57,9 +58,12 @@ def migrations() -> tuple[Migration, ...]:
                 Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8"))
             )
     found.sort(key=lambda m: m.version)
-    for expected, migration in enumerate(found, start=1):
-        if migration.version != expected:
-            raise RuntimeError(f"migration {expected:04d} is missing from the package")
+    # numbers only grow (a number may be skipped); two files with one number are a packaging error
+    for before, after in itertools.pairwise(found):
+        if before.version == after.version:
+            raise RuntimeError(f"two migrations are numbered {after.version:04d}")
+    if not found or found[0].version != 1:
+        raise RuntimeError("migration 0001 is missing from the package")
     return tuple(found)
 
 

@@ -65,6 +65,14 @@ SELECT (coalesce((SELECT value FROM pgcounters.counters
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
 
+-- name: exact_named_logged
+-- on a hot standby: the logged queue only (a standby cannot plan a statement
+-- that names the unlogged queue, which is empty there)
+SELECT (coalesce((SELECT value FROM pgcounters.counters
+                   WHERE target_id = %(t)s AND key = %(k)s), 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
+
 -- name: stored_named
 SELECT coalesce((SELECT value FROM pgcounters.counters
                   WHERE target_id = %(t)s AND key = %(k)s), 0);
@@ -76,6 +84,11 @@ SELECT (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
 
+-- name: exact_column_logged
+SELECT (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
+
 -- name: stored_column
 SELECT coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
 
@@ -85,6 +98,17 @@ SELECT w.ord,
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged q
+                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
+  FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
+ CROSS JOIN LATERAL (
+       SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
+                            ORDER BY i) AS key) AS w
+  LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
+
+-- name: exact_named_many_logged
+SELECT w.ord,
+       (coalesce(c.value, 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
@@ -112,6 +136,13 @@ SELECT x.{key_column}::text, x.{column}
   FROM {table} AS x
  ORDER BY x.{column} DESC NULLS LAST, x.{key_column}
  LIMIT %(n)s;
+
+-- name: wal_insert_position
+SELECT pg_current_wal_insert_lsn()::text;
+
+-- name: replay_reached
+-- (in recovery, replayed up to the position): a primary has everything it wrote
+SELECT pg_is_in_recovery(), coalesce(pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn, false);
 
 -- name: drain_batch
 SELECT deltas, keys FROM pgcounters.drain_batch(%(limit)s, %(unlogged)s);
