@@ -280,3 +280,49 @@ def test_the_django_exact_annotation_on_a_database_alias_routed_to_the_standby(
             for alias in aliases:
                 connections[alias].close()
                 del connections.settings[alias]
+
+
+def _insert_offset(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT ((pg_current_wal_insert_lsn() - '0/0')"
+        " % current_setting('wal_block_size')::numeric)::int"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_write_ending_exactly_at_a_wal_page_boundary_is_waited_for_correctly(
+    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
+) -> None:
+    # The insert position after a record that fills its WAL page points past the next
+    # page's header, where no record ends: a standby reaches it only with the next record.
+    # Fill pages with WAL messages until a record ends exactly at a page boundary.
+    page = 8192
+    row = primary.execute("SELECT current_setting('wal_block_size')::int").fetchone()
+    assert row == (page,)
+    emit = "SELECT pg_logical_emit_message(false, 'pgcounters-test', repeat('x', %s))"
+    pc = Counters(primary, read_conn=standby)
+    # once first: reading the catalogs for the first time may write WAL (hint bits)
+    pc.wait_for_replay(pc.wal_position(), timeout=30)
+    before = _insert_offset(primary)
+    primary.execute(emit, (64,))
+    overhead = (_insert_offset(primary) - before) % page - 64  # header, aligned
+    landed = False
+    for _ in range(50):
+        room = page - _insert_offset(primary)
+        size = room - overhead
+        if size < 8:
+            primary.execute(emit, (room + 64,))  # into the next page, and try there
+            continue
+        start = page - room
+        primary.execute(emit, (size,))
+        offset = _insert_offset(primary)
+        if offset == 24:
+            landed = True
+            break
+        # short of the page end: the header is smaller than measured; past it: larger
+        overhead += (offset - 24) if offset < start else -(page - offset)
+    assert landed, "no record ended exactly at a page boundary"
+    position = pc.wal_position()
+    assert position.endswith("000")  # the page boundary itself, not past the next header
+    assert pc.wait_for_replay(position, timeout=30) < 30

@@ -33,6 +33,13 @@ def _redis_buffer(dsn: str, repeat: int, quick: bool) -> Scenario:
     return redis_buffer(dsn, repeat, quick)
 
 
+def _replica_read(dsn: str, repeat: int, quick: bool) -> Scenario:
+    # imported on use: it starts embedded servers of its own
+    from pgcounters.bench.replica import replica_read
+
+    return replica_read(dsn, repeat, quick)
+
+
 SCENARIOS: dict[str, Runner] = {
     "hot-counters": hot.hot_counters,
     "hot-counters-txn": hot.hot_counters_txn,
@@ -43,6 +50,7 @@ SCENARIOS: dict[str, Runner] = {
     "trigger-overhead": blog.trigger_overhead,
     "top-n": blog.top_n,
     "exact-read": blog.exact_read,
+    "replica-read": _replica_read,
 }
 
 DEFAULT_OUTPUT = "bench-results"

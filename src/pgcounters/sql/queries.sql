@@ -138,7 +138,18 @@ SELECT x.{key_column}::text, x.{column}
  LIMIT %(n)s;
 
 -- name: wal_insert_position
-SELECT pg_current_wal_insert_lsn()::text;
+-- The insert position covers every committed record, even one not yet flushed.
+-- When the last record ended exactly at the end of a WAL page, it points past
+-- the next page's header, where no record ends: a standby's replay position
+-- would reach it only with the next record, written who knows when (seconds
+-- on an idle primary). That page boundary is the position to wait for.
+WITH p AS (SELECT pg_current_wal_insert_lsn() AS lsn,
+                  current_setting('wal_block_size')::numeric AS page,
+                  pg_size_bytes(current_setting('wal_segment_size')) AS segment)
+SELECT (CASE WHEN (lsn - '0/0') % segment = 40 THEN lsn - 40  -- long header: a new segment
+             WHEN (lsn - '0/0') % page = 24 THEN lsn - 24     -- short header: a new page
+             ELSE lsn END)::text
+  FROM p;
 
 -- name: replay_reached
 -- (in recovery, replayed up to the position): a primary has everything it wrote
