@@ -33,6 +33,13 @@ def _redis_buffer(dsn: str, repeat: int, quick: bool) -> Scenario:
     return redis_buffer(dsn, repeat, quick)
 
 
+def _redis_cluster(dsn: str, repeat: int, quick: bool) -> Scenario:
+    # imported on use: it needs the redis extra
+    from pgcounters.bench.cluster import redis_cluster
+
+    return redis_cluster(dsn, repeat, quick)
+
+
 def _replica_read(dsn: str, repeat: int, quick: bool) -> Scenario:
     # imported on use: it starts embedded servers of its own
     from pgcounters.bench.replica import replica_read
@@ -51,6 +58,7 @@ SCENARIOS: dict[str, Runner] = {
     "top-n": blog.top_n,
     "exact-read": blog.exact_read,
     "replica-read": _replica_read,
+    "redis-cluster": _redis_cluster,
 }
 
 DEFAULT_OUTPUT = "bench-results"
