@@ -30,6 +30,8 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PC006": errors.ConfigurationError,
     # hot standbys (subclass R)
     "PCR01": errors.ReplicaError,
+    # sharding through PL/Proxy (subclass S)
+    "PCS01": errors.ShardingError,
 }
 
 _CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {

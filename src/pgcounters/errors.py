@@ -173,3 +173,7 @@ class ReplicaError(PgCountersError):
 
 class ReplicaNotCaughtUp(ReplicaError):
     """The standby did not replay the primary's position within the time allowed."""
+
+
+class ShardingError(PgCountersError):
+    """The operation would span shards, and a transaction cannot: see docs/scale-out.md."""
