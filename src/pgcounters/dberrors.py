@@ -74,7 +74,7 @@ def translate(exc: psycopg.Error) -> errors.PgCountersError | None:
         # raised by the driver before sending: text parameters cannot hold NUL
         return errors.InvalidText(f"{errors.InvalidText.__doc__} ({exc})")
     if isinstance(exc, pg.ReadOnlySqlTransaction):
-        return errors.ReplicaError(
+        return errors.ReadOnlyServer(
             f"{message}: a hot standby (or a read-only transaction) takes no writes; "
             "send writes to the primary"
         )

@@ -175,5 +175,10 @@ class ReplicaNotCaughtUp(ReplicaError):
     """The standby did not replay the primary's position within the time allowed."""
 
 
+class ReadOnlyServer(ReplicaError, _pg.ReadOnlySqlTransaction):
+    """This server takes no writes (a hot standby, or a read-only transaction): send writes to
+    the primary. Also a ``psycopg.errors.ReadOnlySqlTransaction``, for code that catches that."""
+
+
 class ShardingError(PgCountersError):
     """The operation would span shards, and a transaction cannot: see docs/scale-out.md."""
