@@ -4,11 +4,12 @@ redis-server, with AOF persistence (fsync always), one of them killed and restar
 from __future__ import annotations
 
 import random
+import re
 import threading
 from collections import Counter as Tally
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import pytest
@@ -222,3 +223,46 @@ def test_writers_in_threads_and_a_flusher_on_a_cluster_are_exact(
         assert sum(truth.values()) == 3 * per_thread
         for key, value in truth.items():
             assert pc.get("clicks", key) == value
+
+
+@pytest.mark.parametrize("fallback", ["raise", "database"])
+def test_incr_many_with_a_master_down_says_what_was_counted(
+    dsn: str,
+    pc: Counters,
+    conn: psycopg.Connection[Any],
+    cluster: EmbeddedRedisCluster,
+    fallback: Literal["raise", "database"],
+) -> None:
+    pc.create_counter("many", key=int)
+    with RedisBuffer(dsn, cluster.url(), name="many", fallback=fallback) as buf:
+        assert isinstance(buf.redis, RedisCluster)
+        # keys whose slots are on the master that will be down, and on the others
+        down = 2
+        node = {
+            k: _node_of(cluster, buf.redis, buf.slot_of(buf.field("many", k)).pending)
+            for k in range(200)
+        }
+        alive = [k for k in range(200) if node[k] != down][:20]
+        dead = [k for k in range(200) if node[k] == down][:20]
+        assert len(alive) == len(dead) == 20
+        cluster.nodes[down].kill()
+        items = [("many", k, 1) for k in alive[:10] + dead + alive[10:]]
+        counted = len(items)
+        if fallback == "raise":
+            with pytest.raises(RedisUnavailable, match=r"(\d+) of the 40 increments") as caught:
+                buf.incr_many(items)
+            match = re.search(r"(\d+) of the 40 increments were counted", str(caught.value))
+            assert match is not None
+            counted = int(match.group(1))
+            assert 0 < counted < 40
+        else:
+            buf.incr_many(items)  # what Redis could not take went to the database queue
+        cluster.nodes[down].start()
+        cluster.wait_ready()
+        buf.flush()
+        assert buf.pending() == (0, 0)
+    total = conn.execute(
+        "SELECT coalesce(sum(delta), 0) FROM pgcounters.queue q"
+        " JOIN pgcounters.targets t ON t.id = q.target_id WHERE t.name = 'many'"
+    ).fetchone()
+    assert total == (counted,)
