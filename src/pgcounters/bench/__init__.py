@@ -33,6 +33,27 @@ def _redis_buffer(dsn: str, repeat: int, quick: bool) -> Scenario:
     return redis_buffer(dsn, repeat, quick)
 
 
+def _redis_cluster(dsn: str, repeat: int, quick: bool) -> Scenario:
+    # imported on use: it needs the redis extra
+    from pgcounters.bench.cluster import redis_cluster
+
+    return redis_cluster(dsn, repeat, quick)
+
+
+def _sharded(dsn: str, repeat: int, quick: bool) -> Scenario:
+    # imported on use: it needs PL/Proxy and PostgreSQL 15 from the distribution
+    from pgcounters.bench.sharded import sharded
+
+    return sharded(dsn, repeat, quick)
+
+
+def _replica_read(dsn: str, repeat: int, quick: bool) -> Scenario:
+    # imported on use: it starts embedded servers of its own
+    from pgcounters.bench.replica import replica_read
+
+    return replica_read(dsn, repeat, quick)
+
+
 SCENARIOS: dict[str, Runner] = {
     "hot-counters": hot.hot_counters,
     "hot-counters-txn": hot.hot_counters_txn,
@@ -46,7 +67,13 @@ SCENARIOS: dict[str, Runner] = {
     "exact-read": blog.exact_read,
     "column-guard": columns.column_guard,
     "backfill": columns.backfill_scenario,
+    "replica-read": _replica_read,
+    "redis-cluster": _redis_cluster,
+    "sharded": _sharded,
 }
+
+ON_REQUEST = frozenset({"sharded"})
+"""Scenarios run only when named: they need software the others do not (PL/Proxy)."""
 
 DEFAULT_OUTPUT = "bench-results"
 
@@ -115,7 +142,7 @@ def main(
     output: str | None = DEFAULT_OUTPUT,
     markdown: str | None = None,
 ) -> int:
-    chosen = list(names) or list(SCENARIOS)
+    chosen = list(names) or [n for n in SCENARIOS if n not in ON_REQUEST]
     started = time.perf_counter()
     results: list[Scenario] = []
     with _progress(chosen) as starting:

@@ -75,6 +75,14 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
+-- name: exact_named_logged
+-- on a hot standby: the logged queue only (a standby cannot plan a statement
+-- that names the unlogged queue, which is empty there)
+SELECT (coalesce((SELECT value FROM pgcounters.counters
+                   WHERE target_id = %(t)s AND key = %(k)s), 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
+
 -- name: stored_named
 SELECT coalesce((SELECT value FROM pgcounters.counters
                   WHERE target_id = %(t)s AND key = %(k)s), 0);
@@ -91,6 +99,11 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
+-- name: exact_column_logged
+SELECT (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
+
 -- name: stored_column
 SELECT coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
 
@@ -106,6 +119,17 @@ SELECT w.ord,
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint END
+  FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
+ CROSS JOIN LATERAL (
+       SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
+                            ORDER BY i) AS key) AS w
+  LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
+
+-- name: exact_named_many_logged
+SELECT w.ord,
+       (coalesce(c.value, 0)
+      + coalesce((SELECT sum(delta) FROM pgcounters.queue q
+                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
@@ -132,6 +156,24 @@ SELECT x.{key_column}::text, x.{column}
   FROM {table} AS x
  ORDER BY x.{column} DESC NULLS LAST, x.{key_column}
  LIMIT %(n)s;
+
+-- name: wal_insert_position
+-- The insert position covers every committed record, even one not yet flushed.
+-- When the last record ended exactly at the end of a WAL page, it points past
+-- the next page's header, where no record ends: a standby's replay position
+-- would reach it only with the next record, written who knows when (seconds
+-- on an idle primary). That page boundary is the position to wait for.
+WITH p AS (SELECT pg_current_wal_insert_lsn() AS lsn,
+                  current_setting('wal_block_size')::numeric AS page,
+                  pg_size_bytes(current_setting('wal_segment_size')) AS segment)
+SELECT (CASE WHEN (lsn - '0/0') % segment = 40 THEN lsn - 40  -- long header: a new segment
+             WHEN (lsn - '0/0') % page = 24 THEN lsn - 24     -- short header: a new page
+             ELSE lsn END)::text
+  FROM p;
+
+-- name: replay_reached
+-- (in recovery, replayed up to the position): a primary has everything it wrote
+SELECT pg_is_in_recovery(), coalesce(pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn, false);
 
 -- name: drain_batch
 SELECT deltas, keys FROM pgcounters.drain_batch(%(limit)s, %(unlogged)s);

@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models.expressions import Expression
 
 from pgcounters.contrib.django.declarations import CountField
+from pgcounters.errors import ReplicaError
 from pgcounters.specs import ColumnTarget, CounterSpec
 
 
@@ -45,19 +46,30 @@ class Exact(Expression):
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         column_sql, column_params = compiler.compile(self._column)
         key_sql, key_params = compiler.compile(self._key)
+        name = self._name  # type: ignore[attr-defined]
         # compiled SQL of Django's own expressions; the counter name is a parameter
-        template = (
-            "(coalesce({column}, 0)"
-            " + coalesce((SELECT sum(q.delta) FROM pgcounters.queue AS q WHERE q.target_id ="
+        pending = (
+            " + coalesce((SELECT sum(q.delta) FROM pgcounters.{queue} AS q WHERE q.target_id ="
             " (SELECT t.id FROM pgcounters.targets AS t WHERE t.name = %s)"
             " AND q.key = ARRAY[({key})::text]::text), 0)"
-            " + coalesce((SELECT sum(q.delta) FROM pgcounters.queue_unlogged AS q"
-            " WHERE q.target_id = (SELECT t.id FROM pgcounters.targets AS t WHERE t.name = %s)"
-            " AND q.key = ARRAY[({key})::text]::text), 0))"
         )
-        text = template.format(column=column_sql, key=key_sql)
-        name = self._name  # type: ignore[attr-defined]
-        params = (*column_params, name, *key_params, name, *key_params)
+        queues = ["queue"]
+        if _on_standby(connection):
+            # a hot standby cannot plan a statement naming an unlogged table
+            if self._counter is not None and self._counter.counter_mode == "unlogged":
+                raise ReplicaError(
+                    f"counter {name!r} is unlogged: its pending deltas exist only on the "
+                    "primary; annotate Exact() on a queryset of the primary's database"
+                )
+        else:
+            queues.append("queue_unlogged")
+        text = f"(coalesce({column_sql}, 0)"
+        params_list: list[Any] = list(column_params)
+        for queue in queues:
+            text += pending.format(queue=queue, key=key_sql)
+            params_list += [name, *key_params]
+        text += ")"
+        params = tuple(params_list)
         # While the counter is backfilled, a key beyond the backfill's cursor is counted
         # from the source table (same statement, same snapshot as the cursor). Both
         # lookups of the backfill are uncorrelated: run once per query.
@@ -98,3 +110,11 @@ def truth_of_key(spec: CounterSpec, key_sql: str) -> str:
         .format(truth_query(spec, extra))
         .as_string()
     )
+
+
+def _on_standby(connection: Any) -> bool:
+    """True when Django's connection is to a hot standby (reported by PostgreSQL 14+)."""
+    connection.ensure_connection()
+    info = getattr(connection.connection, "info", None)
+    status = info.parameter_status("in_hot_standby") if info is not None else None
+    return status in ("on", b"on")
