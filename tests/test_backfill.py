@@ -6,6 +6,7 @@ recount.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -183,3 +184,25 @@ def test_named_counters_are_backfilled_too(blog: psycopg.Connection[Any]) -> Non
     total = blog.execute("SELECT count(*) FROM blog_comment").fetchone()
     assert total is not None
     assert pc.get("blog.comments_total") == total[0] > 0
+
+
+def test_the_backfill_and_list_commands(
+    blog: psycopg.Connection[Any], dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pgcounters import cli
+
+    assert cli.run(["--dsn", dsn, "backfill"]) == 0
+    assert capsys.readouterr().out == "no backfill pending\n"
+    triggers.install(blog, column_specs(), backfill=False)
+    assert cli.run(["--dsn", dsn, "list", "--json"]) == 0
+    listed = {c["name"]: c["backfilling"] for c in json.loads(capsys.readouterr().out)}
+    assert listed == dict.fromkeys(TRUTH, True)
+    assert cli.run(["--dsn", dsn, "backfill", "nope"]) == 1
+    assert "no backfill is pending for nope" in capsys.readouterr().err
+    assert cli.run(["--dsn", dsn, "backfill", "--batch-size", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "blog.article.public_comments: backfilled, 45 keys" in out
+    for name in TRUTH:
+        assert_exact(blog, name)
+    assert cli.run(["--dsn", dsn, "list"]) == 0
+    assert "backfilling" not in capsys.readouterr().out

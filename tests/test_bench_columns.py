@@ -7,10 +7,15 @@ from pgcounters.bench import SCENARIOS, columns
 
 def test_the_guard_scenario_is_exact(dsn: str) -> None:
     scenario = columns.column_guard(dsn, 1, True, articles=300)
-    assert set(scenario.runs) == set(columns.GUARD_VARIANTS)
+    assert set(scenario.runs) == set(columns.GUARD_VARIANTS) | set(columns.DRAIN_VARIANTS)
     assert all(r.exact for runs in scenario.runs.values() for r in runs)
     assert scenario.runs["guard"][0].operations == 300
-    assert {c["baseline"] for c in scenario.comparisons} == {"no guard", "no guard, save() shape"}
+    assert scenario.runs["drain, guard"][0].operations == 1500
+    assert {c["baseline"] for c in scenario.comparisons} == {
+        "no guard",
+        "no guard, save() shape",
+        "drain, no guard",
+    }
     assert SCENARIOS["column-guard"] is columns.column_guard
 
 

@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.db.models import Count, Q, Sum
 from django.test import Client, override_settings
 
+from members.models import Member, Post
 from pgcounters import backfill
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.expressions import Exact
@@ -196,3 +197,20 @@ def test_the_admin_counters_page_shows_a_backfill(admin_client: Client) -> None:
     html = admin_client.get("/admin/pgcounters/counter/").content.decode()
     assert "backfilling" not in html
     assert "ready" in html
+
+
+def test_a_partial_migrate_keeps_the_counters_of_unmigrated_tables() -> None:
+    # the members app unmigrated: its counters are still declared, their tables are gone
+    call_command("migrate", "members", "zero", verbosity=0)
+    try:
+        with psycopg_connection() as conn:
+            names = {s.name for s in declared(conn)}
+            assert backfill.pending(conn) == []
+        # still declared by the models: not dropped, registered again once migrated
+        assert {"members.member.published_posts", COUNTER} <= names
+    finally:
+        call_command("migrate", "members", verbosity=0)
+    member = Member.objects.create(username="back")
+    Post.objects.create(author=member, published=True)
+    call_command("pgcounters", "drain")
+    assert Member.objects.get(pk=member.pk).published_posts == 1

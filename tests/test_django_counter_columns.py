@@ -230,3 +230,24 @@ def test_stock_user_model_is_untouched() -> None:
     user.set_password("another")
     user.save()
     assert get_user_model().objects.get(pk=user.pk).check_password("another")
+
+
+def test_loaddata_starts_new_rows_at_zero_and_refuses_stale_values(
+    article: Article, tmp_path: Any
+) -> None:
+    from django.core import serializers
+
+    fixture = serializers.serialize("json", Article.objects.filter(pk=article.pk))
+    dump = tmp_path / "articles.json"
+    dump.write_text(fixture)
+    # a fresh row from a fixture that says 1: it starts at 0 (nothing of it counted yet)
+    fresh = fixture.replace(f'"pk": {article.pk}', '"pk": 9999')
+    (tmp_path / "fresh.json").write_text(fresh)
+    call_command("loaddata", str(tmp_path / "fresh.json"), verbosity=0)
+    assert stored(Article.objects.get(pk=9999)) == (0, 0)
+    # the same row again while its counter has moved on: refused, nothing written
+    comment(article)
+    call_command("pgcounters", "drain")
+    with pytest.raises(DatabaseError, match="kept by pgcounters"):
+        call_command("loaddata", str(dump), verbosity=0)
+    assert exact(article) == stored(article) == truth(article) == (2, 5)

@@ -43,7 +43,7 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
     """
     from django.conf import settings
 
-    from pgcounters import backfill
+    from pgcounters import backfill, schema
     from pgcounters.compiler import ensure_target_call
     from pgcounters.contrib.django.db import psycopg_connection
     from pgcounters.contrib.django.declarations import declared_counters
@@ -56,16 +56,23 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
         raise ConfigurationError(f'PGCOUNTERS_BACKFILL must be "migrate" or "worker", got {when!r}')
     specs = [spec for _, spec in declared_counters()]
     with psycopg_connection(using) as conn:
+        state = schema.state(conn)
+        if not state.current:
+            return  # a partial migrate: the pgcounters schema is not there (or not current) yet
+        # counters whose triggers are installed: a partial migrate may not have created
+        # the others' tables or columns yet (they are registered by a later migrate)
+        live = {t.spec_name for t in installed(conn)}
         with conn.transaction():
             before = {s.name: s.fingerprint for s in declared(conn)}
             for spec in specs:
+                if spec.name not in live:
+                    continue
                 conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec)))
                 record(conn, spec)
                 if before.get(spec.name) != spec.fingerprint:
                     backfill.request(conn, spec)
         follow(conn)  # partitions and inheritance children of counted tables
         names = {spec.name for spec in specs}
-        live = {t.spec_name for t in installed(conn)}
         for name in sorted(set(before) - names - live):
             uninstall(conn, name, drop_values=True)
             with conn.transaction():
