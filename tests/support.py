@@ -26,3 +26,16 @@ def queued(conn: psycopg.Connection[Any]) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def waiting_on_lock(observer: psycopg.Connection[Any], pid: int) -> bool:
+    """Whether the backend ``pid`` is waiting for a lock now (``pg_stat_activity``)."""
+    row = observer.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def wait_for_lock_wait(observer: psycopg.Connection[Any], pid: int, timeout: float = 60.0) -> None:
+    """Wait until the backend ``pid`` is seen waiting for a lock; fail the test otherwise."""
+    wait_for(lambda: waiting_on_lock(observer, pid), timeout=timeout)

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+import truth
 from pgcounters import Counters, triggers
 from pgcounters.cli import run
 from pgcounters.errors import PgCountersError
@@ -255,7 +256,28 @@ def test_declared_counter_on_identifiers_that_need_quoting(
         ("it's; \\ ok", "other", "it's; \\ ok"),
     )
     pc = Counters(conn)
-    pc.drain()
+    child_id, parent_key = sql.Identifier(child), sql.Identifier(table)
+    truth.assert_drained(
+        conn,
+        [
+            truth.from_sql(
+                "fuzz.parent",
+                sql.SQL(
+                    "SELECT {k}, count(*) FROM {c} WHERE kind = %s AND {k} IS NOT NULL GROUP BY {k}"
+                ).format(k=parent_key, c=child_id),
+                ("it's; \\ ok",),
+                stored=sql.SQL("SELECT id, {} FROM {}").format(
+                    sql.Identifier(column), sql.Identifier(table)
+                ),
+            ),
+            truth.from_sql(
+                "fuzz.named",
+                sql.SQL(
+                    "SELECT kind, count(*) FROM {} WHERE kind IS NOT NULL GROUP BY kind"
+                ).format(child_id),
+            ),
+        ],
+    )
     for spec in specs:
         assert verify(conn, spec).mismatches == []
     assert pc.get("fuzz.parent", 1) == 2
