@@ -22,7 +22,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPILER = ROOT / "src" / "pgcounters" / "compiler.py"
-TESTS = ["tests/test_triggers.py", "tests/test_truth.py"]
+TESTS = [
+    "tests/test_triggers.py",
+    "tests/test_truth.py",
+    "tests/test_django.py",
+    "tests/test_django_orm_truth.py",
+]
 
 
 @dataclass(frozen=True)
