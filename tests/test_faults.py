@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import threading
@@ -33,9 +34,10 @@ from pgcounters.errors import BufferFlushFailed, LockTimeout, PgCountersError, S
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
 from pgcounters.schema import install
-from support import wait_for
+from support import set_database_clock, wait_for
 
 WRITERS = 4
+NOON = dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.UTC)
 MIN_ACKED = 25  # acknowledged operations of each kind before the crash: the load ran
 TOTAL = truth.from_sql("blog.comments_total", "SELECT count(*) FROM blog_comment")
 
@@ -68,6 +70,7 @@ def _crash_under_load(server: EmbeddedPostgres) -> None:
         fast_id = pc.counter("fast").id
         pc.create_counter("batched", int)
         Quotas(conn).define_quota("api", 10**9)
+        set_database_clock(conn, NOON)  # calls and statuses in one window, before and after
 
     kinds = ("logged", "fast", "rows", "calls")
     acked = {k: [0] * WRITERS for k in kinds}
@@ -243,6 +246,7 @@ def test_fault_in_the_middle_of(
     triggers.install(conn, [spec])
     quotas = Quotas(conn)
     quotas.define_quota("api", 100)
+    set_database_clock(conn, NOON)
     # stored rows exist, so that the blocker below can lock them
     pc.incr("q", 1, 5)
     pc.incr("d", 1, 5)

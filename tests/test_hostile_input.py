@@ -9,6 +9,7 @@ written, or raises a PgCountersError subclass, leaving nothing behind.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from pgcounters.keys import NAME_RE
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
+from support import set_clock
 
 FUZZ = settings(
     max_examples=30,
@@ -169,6 +171,7 @@ def test_quota_names_and_subjects(
     conn: psycopg.Connection[Any], quota: str, subject: str, cost: int
 ) -> None:
     quotas = Quotas(conn)
+    set_clock(conn, dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.UTC))  # one window for all
     with refused_leaves_nothing(conn) as refused:
         quotas.define_quota(quota, 100)
     if refused[0]:

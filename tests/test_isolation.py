@@ -10,6 +10,7 @@ committed transactions.
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import threading
 import time
@@ -24,6 +25,7 @@ import blog_schema
 import truth
 from pgcounters import Counters, triggers
 from pgcounters.quotas import Quotas
+from support import set_database_clock
 
 LEVELS = [
     psycopg.IsolationLevel.READ_COMMITTED,
@@ -33,6 +35,7 @@ LEVELS = [
 WRITERS = 3
 TRANSACTIONS = 15
 LIMIT = 25  # of the quota: fewer than the calls made, so refusals happen too
+NOON = dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.UTC)
 RETRYABLE = (pg.SerializationFailure, pg.DeadlockDetected)
 
 
@@ -65,6 +68,7 @@ def test_concurrent_transactions_count_exactly(
     specs = blog_schema.specs(trigger_mode)
     triggers.install(conn, specs)
     Quotas(conn).define_quota("api", LIMIT)
+    set_database_clock(conn, NOON)  # every call in one window, whatever the time of day
 
     committed: list[tuple[int, int]] = []  # (retries, quota calls allowed) per writer
     errors: list[BaseException] = []
@@ -147,6 +151,7 @@ def test_a_concurrent_update_is_postgresqls_own_serialization_failure(
     conn.execute("ALTER TABLE blog_article ADD COLUMN edits bigint NOT NULL DEFAULT 0")
     pc.create_column_counter("article.score", "blog_article", "edits", mode="direct")
     Quotas(conn).define_quota("api", 100)
+    set_database_clock(conn, NOON)
     pc.incr("d", 1)  # the row exists: the second writer meets a concurrent update
 
     def act(c: psycopg.Connection[Any]) -> None:
