@@ -28,6 +28,10 @@ TESTS = [
     "tests/test_django.py",
     "tests/test_django_orm_truth.py",
 ]
+# a changed trigger body changes the fingerprint Django's migrations record: this test fails
+# on any change of the compiler, right or wrong, so it proves nothing about the counts
+IGNORED = ["tests/test_django.py::test_makemigrations_has_nothing_to_add"]
+SHOWN = 3
 
 
 @dataclass(frozen=True)
@@ -63,23 +67,30 @@ MUTANTS = [
 ]
 
 
-def run_tests(tests: list[str]) -> tuple[int, str, float]:
-    """Run the tests; return pytest's exit status, the first failing test and the seconds."""
+def run_tests(tests: list[str]) -> tuple[int, list[str], float]:
+    """Run the tests; return pytest's exit status, the failing tests and the seconds."""
     started = time.monotonic()
+    deselect = [arg for test in IGNORED for arg in ("--deselect", test)]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, *tests],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
-    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, re.MULTILINE)
-    return proc.returncode, failed.group(1) if failed else "", time.monotonic() - started
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, re.MULTILINE)
+    return proc.returncode, failed, time.monotonic() - started
+
+
+def _named(failed: list[str]) -> str:
+    shown = ", ".join(failed[:SHOWN])
+    return shown + (f" and {len(failed) - SHOWN} more" if len(failed) > SHOWN else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tests", nargs="*", default=TESTS, help=f"default: {' '.join(TESTS)}")
+    parser.add_argument("--verbose", action="store_true", help="list every failing test")
     args = parser.parse_args(argv)
     original = COMPILER.read_text(encoding="utf-8")
     for mutant in MUTANTS:
@@ -88,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     code, failed, seconds = run_tests(args.tests)
     if code != 0:
-        print(f"mutation-check: the unmutated suite fails ({failed or f'exit {code}'})")
+        print(f"mutation-check: the unmutated suite fails ({_named(failed) or f'exit {code}'})")
         return 2
     print(f"unmutated: passed ({seconds:.0f} s)")
     survivors = 0
@@ -99,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             COMPILER.write_text(original, encoding="utf-8")
         if code == 1:
-            print(f"killed:   {mutant.name}: {failed} failed ({seconds:.0f} s)")
+            print(f"killed:   {mutant.name}: {len(failed)} tests failed ({seconds:.0f} s)")
+            for test in failed if args.verbose else failed[:SHOWN]:
+                print(f"          {test}")
+            if not args.verbose and len(failed) > SHOWN:
+                print(f"          ... and {len(failed) - SHOWN} more (--verbose lists them)")
         elif code == 0:
             survivors += 1
             print(f"SURVIVED: {mutant.name}: every test passed ({seconds:.0f} s)")
