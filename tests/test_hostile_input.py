@@ -171,6 +171,8 @@ def test_quota_names_and_subjects(
     conn: psycopg.Connection[Any], quota: str, subject: str, cost: int
 ) -> None:
     quotas = Quotas(conn)
+    for earlier in quotas.quotas():  # nothing of an earlier example is left
+        quotas.drop_quota(earlier.name)
     set_clock(conn, dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.UTC))  # one window for all
     with refused_leaves_nothing(conn) as refused:
         quotas.define_quota(quota, 100)
@@ -181,6 +183,7 @@ def test_quota_names_and_subjects(
         quotas.set_limit(quota, subject, 5)
     limited = not refused[0]
     before = quotas.status(quota, subject).used if limited else 0
+    assert before == 0  # a new quota: no call yet
     with refused_leaves_nothing(conn) as refused:
         result = quotas.register_call(quota, subject, cost)
     if refused[0]:
@@ -313,6 +316,10 @@ def test_column_counter_tables(conn: psycopg.Connection[Any], table: Any, column
     extra=st.lists(texts, max_size=2),
 )
 def test_cli_arguments(dsn: str, verb: str, name: str, key: str | None, extra: list[str]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:  # nothing of an earlier example is left
+        pc = Counters(conn)
+        for counter in pc.counters():
+            pc.drop_counter(counter.name)
     argv = ["--dsn", dsn, verb, name]
     if key is not None and verb in ("incr", "get"):
         argv.append(key)
