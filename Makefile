@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test check lint typecheck pytest bench clean
+.PHONY: demo test check lint typecheck pytest bench clean mutation-check
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("pgcounters needs Python 3.11+" if sys.version_info < (3, 11) else 0)'
@@ -33,6 +33,10 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Faults put into the trigger compiler one at a time: the suite must fail on each (not run by CI)
+mutation-check: $(STAMP)
+	$(BIN)/python scripts/mutation_check.py
 
 clean:
 	rm -rf $(VENV) pgcounters-data .mypy_cache .ruff_cache .pytest_cache

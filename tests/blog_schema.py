@@ -6,6 +6,7 @@ from typing import Any
 
 import psycopg
 
+import truth
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
 
 DDL = """
@@ -70,6 +71,37 @@ def specs(mode: Any = "queued") -> list[CounterSpec]:
             target=NamedTarget(()),
             mode=mode,
         ),
+    ]
+
+
+def truths() -> list[truth.Truth]:
+    """The truth of each counter of :func:`specs`, written by hand (whatever the mode)."""
+    return [
+        truth.from_sql(
+            "blog.article.public_comments",
+            "SELECT article_id, count(*) FROM blog_comment"
+            " WHERE publish_status = 'public' AND article_id IS NOT NULL GROUP BY article_id",
+            stored="SELECT id, public_comments FROM blog_article",
+        ),
+        truth.from_sql(
+            "blog.user.public_comments",
+            "SELECT creator_id, count(*) FROM blog_comment"
+            " WHERE publish_status = 'public' AND creator_id IS NOT NULL GROUP BY creator_id",
+            stored="SELECT id, public_comments FROM blog_user",
+        ),
+        truth.from_sql(
+            "blog.article.score_total",
+            "SELECT article_id, sum(score) FROM blog_comment"
+            " WHERE article_id IS NOT NULL GROUP BY article_id",
+            stored="SELECT id, score_total FROM blog_article",
+        ),
+        truth.from_sql(
+            "blog.comments_per_article_day",
+            "SELECT article_id, created_on, count(*) FROM blog_comment"
+            " WHERE publish_status = 'public' AND article_id IS NOT NULL"
+            " GROUP BY article_id, created_on",
+        ),
+        truth.from_sql("blog.comments_total", "SELECT count(*) FROM blog_comment"),
     ]
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, step: float = 0.02) -> None:
@@ -38,3 +40,36 @@ def tamper(conn: psycopg.Connection[Any], statement: str, params: Any = None) ->
     with conn.transaction():
         conn.execute("SELECT set_config('pgcounters.applying', 'on', true)")
         conn.execute(statement, params)
+
+
+def waiting_on_lock(observer: psycopg.Connection[Any], pid: int) -> bool:
+    """Whether the backend ``pid`` is waiting for a lock now (``pg_stat_activity``)."""
+    row = observer.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def wait_for_lock_wait(observer: psycopg.Connection[Any], pid: int, timeout: float = 60.0) -> None:
+    """Wait until the backend ``pid`` is seen waiting for a lock; fail the test otherwise."""
+    wait_for(lambda: waiting_on_lock(observer, pid), timeout=timeout)
+
+
+def set_clock(conn: psycopg.Connection[Any], instant: dt.datetime | None) -> None:
+    """Set the quotas' clock of this session (the setting ``pgcounters.now``); None: now()."""
+    conn.execute(
+        "SELECT set_config('pgcounters.now', %s, false)",
+        ("" if instant is None else instant.isoformat(),),
+    )
+
+
+def set_database_clock(conn: psycopg.Connection[Any], instant: dt.datetime) -> None:
+    """Set the quotas' clock of every new session of the connection's database, and of this
+    one: for tests whose quota calls come from many connections."""
+    name = conn.info.dbname
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET pgcounters.now = {}").format(
+            sql.Identifier(name), sql.Literal(instant.isoformat())
+        )
+    )
+    set_clock(conn, instant)

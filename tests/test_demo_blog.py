@@ -7,9 +7,33 @@ import collections
 import psycopg
 import pytest
 
+import truth
 from pgcounters import Counters, demo, demo_blog
 from pgcounters.quotas import Quotas
 from support import tamper
+
+# the truth of each demo counter, written by hand
+TRUTHS = [
+    truth.from_sql(
+        "demo.article.public_comments",
+        "SELECT article_id, count(*) FROM demo_blog.comments"
+        " WHERE publish_status = 'public' AND article_id IS NOT NULL GROUP BY article_id",
+        stored="SELECT id, public_comments FROM demo_blog.articles",
+    ),
+    truth.from_sql(
+        "demo.user.public_comments",
+        "SELECT creator_id, count(*) FROM demo_blog.comments"
+        " WHERE publish_status = 'public' AND creator_id IS NOT NULL GROUP BY creator_id",
+        stored="SELECT id, public_comments FROM demo_blog.users",
+    ),
+    truth.from_sql(
+        "demo.user.unread_notifications",
+        "SELECT user_id, count(*) FROM demo_blog.notifications"
+        " WHERE NOT is_read AND user_id IS NOT NULL GROUP BY user_id",
+        stored="SELECT id, unread_notifications FROM demo_blog.users",
+    ),
+    truth.from_sql("demo.users.total", "SELECT count(*) FROM demo_blog.users"),
+]
 
 TINY = demo_blog.Sizes(
     users=20, articles=5, comments=200, comment_writers=2, quota_threads=2, quota_limit=40
@@ -36,9 +60,14 @@ def test_mixed_load_is_exact_and_a_tampered_counter_is_reported(dsn: str) -> Non
     assert result.deltas_by_worker + result.deltas_final_drain > 0
 
     with psycopg.connect(dsn, autocommit=True) as conn:
+        # the demo's own check agrees with the truths written here
+        truth.assert_drained(conn, TRUTHS)
         tamper(
             conn, "UPDATE demo_blog.users SET public_comments = public_comments + 1 WHERE id = 3"
         )
+        assert [(m.counter, m.key) for t in TRUTHS for m in truth.exact_mismatches(conn, t)] == [
+            ("demo.user.public_comments", (3,))
+        ]
     tampered = demo_blog.check(dsn, result)
     exact = {c.name: c.exact for c in tampered.counters}
     assert exact == {

@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.db.models import Count, Q, Sum
 from psycopg import sql
 
+from django_support import assert_exact
 from oddnames.models import Item, Owner
 from pgcounters import Counters
 from pgcounters.compiler import compile_spec
@@ -112,6 +113,7 @@ def test_names_that_need_quoting_are_counted() -> None:
             for i in range(4):
                 copy.write_row((owners[0].pk, "on", i))
         Counters(conn).drain()
+        assert_exact(stored=True)  # every declared counter against the ORM's aggregates
         for _, spec in declared_counters():
             assert verify(conn, spec).mismatches == [], spec.name
         by_state = dict(

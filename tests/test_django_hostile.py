@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 from django.db import connection, models
-from django.db.models import Q
+from django.db.models import Count, Q, Sum
 from django.test.utils import isolate_apps
 
+import truth
 from pgcounters import Counters, triggers
 from pgcounters.contrib.django import CountField, SumField
 from pgcounters.contrib.django.db import psycopg_connection
@@ -51,6 +52,29 @@ def test_names_that_need_quoting_are_counted() -> None:
             db_table = "c" * 63
 
     specs = [Parent._meta.get_field(f).spec() for f in ("hits", "points")]  # type: ignore[union-attr]
+
+    def per_parent(aggregate: Any) -> truth.Reader:
+        def read(conn: Any) -> truth.Values:
+            rows = Parent.objects.annotate(truth=aggregate).values_list("pk", "truth")
+            return {(pk,): int(value or 0) for pk, value in rows}
+
+        return read
+
+    def stored(field: str) -> truth.Reader:
+        def read(conn: Any) -> truth.Values:
+            return {(pk,): int(v) for pk, v in Parent.objects.values_list("pk", field)}
+
+        return read
+
+    # the truth by the ORM's own aggregates
+    hand = [
+        truth.from_rows(
+            specs[0].name,
+            per_parent(Count("children", filter=Q(children__kind=HOSTILE_KIND))),
+            stored("hits"),
+        ),
+        truth.from_rows(specs[1].name, per_parent(Sum("children__score")), stored("points")),
+    ]
     with connection.schema_editor() as editor:
         editor.create_model(Parent)
         editor.create_model(Child)
@@ -68,6 +92,8 @@ def test_names_that_need_quoting_are_counted() -> None:
         Child.objects.filter(score__gt=15).delete()
         with psycopg_connection() as conn:
             Counters(conn).drain()
+            truth.assert_exact(conn, hand)
+            truth.assert_stored(conn, hand)
             for spec in specs:
                 assert verify(conn, spec).mismatches == [], spec.name
         expected = Child.objects.filter(parent=parents[0], kind=HOSTILE_KIND).count()

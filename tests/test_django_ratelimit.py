@@ -21,6 +21,7 @@ from pgcounters import Quotas, UnknownQuota
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.ratelimit import RateLimitMiddleware, ratelimit
 from pgcounters.quotas import CallResult
+from support import set_clock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -239,14 +240,24 @@ def test_unknown_quota_and_bad_key_are_errors(quotas: Quotas, rf: RequestFactory
 
 
 def test_retry_after_is_the_time_to_the_window_end(quotas: Quotas, rf: RequestFactory) -> None:
+    """At chosen instants (the database's quota clock): 3.5 s before the minute ends, then
+    0.2 s before (Retry-After is never 0), then in the next minute."""
     quotas.define_quota("api", 1, window="minute")
     view = ratelimit("api", key="ip")(ok)
-    view(request(rf))
-    refused = view(request(rf))
-    status = quotas.status("api", "ip:127.0.0.1")
-    left = (status.window_end - dt.datetime.now(dt.UTC)).total_seconds()
-    assert refused.status_code == 429
-    assert abs(int(refused["Retry-After"]) - max(math.ceil(left), 1)) <= 1
+    try:
+        set_clock(quotas.conn, dt.datetime(2026, 3, 10, 12, 34, 56, 500000, tzinfo=dt.UTC))
+        assert view(request(rf)).status_code == 200
+        refused = view(request(rf))
+        assert refused.status_code == 429
+        assert refused["Retry-After"] == str(math.ceil(3.5))
+        status = quotas.status("api", "ip:127.0.0.1")
+        assert status.window_end == dt.datetime(2026, 3, 10, 12, 35, tzinfo=dt.UTC)
+        set_clock(quotas.conn, dt.datetime(2026, 3, 10, 12, 34, 59, 800000, tzinfo=dt.UTC))
+        assert view(request(rf))["Retry-After"] == "1"
+        set_clock(quotas.conn, dt.datetime(2026, 3, 10, 12, 35, tzinfo=dt.UTC))
+        assert view(request(rf)).status_code == 200
+    finally:
+        set_clock(quotas.conn, None)
 
 
 def test_manage_py_pgcounters_quota(quotas: Quotas, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ written, or raises a PgCountersError subclass, leaving nothing behind.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+import truth
 from pgcounters import Counters, triggers
 from pgcounters.cli import run
 from pgcounters.errors import PgCountersError
@@ -25,6 +27,7 @@ from pgcounters.keys import NAME_RE
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
+from support import set_clock
 
 FUZZ = settings(
     max_examples=30,
@@ -168,6 +171,9 @@ def test_quota_names_and_subjects(
     conn: psycopg.Connection[Any], quota: str, subject: str, cost: int
 ) -> None:
     quotas = Quotas(conn)
+    for earlier in quotas.quotas():  # nothing of an earlier example is left
+        quotas.drop_quota(earlier.name)
+    set_clock(conn, dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.UTC))  # one window for all
     with refused_leaves_nothing(conn) as refused:
         quotas.define_quota(quota, 100)
     if refused[0]:
@@ -177,6 +183,7 @@ def test_quota_names_and_subjects(
         quotas.set_limit(quota, subject, 5)
     limited = not refused[0]
     before = quotas.status(quota, subject).used if limited else 0
+    assert before == 0  # a new quota: no call yet
     with refused_leaves_nothing(conn) as refused:
         result = quotas.register_call(quota, subject, cost)
     if refused[0]:
@@ -255,7 +262,28 @@ def test_declared_counter_on_identifiers_that_need_quoting(
         ("it's; \\ ok", "other", "it's; \\ ok"),
     )
     pc = Counters(conn)
-    pc.drain()
+    child_id, parent_key = sql.Identifier(child), sql.Identifier(table)
+    truth.assert_drained(
+        conn,
+        [
+            truth.from_sql(
+                "fuzz.parent",
+                sql.SQL(
+                    "SELECT {k}, count(*) FROM {c} WHERE kind = %s AND {k} IS NOT NULL GROUP BY {k}"
+                ).format(k=parent_key, c=child_id),
+                ("it's; \\ ok",),
+                stored=sql.SQL("SELECT id, {} FROM {}").format(
+                    sql.Identifier(column), sql.Identifier(table)
+                ),
+            ),
+            truth.from_sql(
+                "fuzz.named",
+                sql.SQL(
+                    "SELECT kind, count(*) FROM {} WHERE kind IS NOT NULL GROUP BY kind"
+                ).format(child_id),
+            ),
+        ],
+    )
     for spec in specs:
         assert verify(conn, spec).mismatches == []
     assert pc.get("fuzz.parent", 1) == 2
@@ -288,6 +316,10 @@ def test_column_counter_tables(conn: psycopg.Connection[Any], table: Any, column
     extra=st.lists(texts, max_size=2),
 )
 def test_cli_arguments(dsn: str, verb: str, name: str, key: str | None, extra: list[str]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:  # nothing of an earlier example is left
+        pc = Counters(conn)
+        for counter in pc.counters():
+            pc.drop_counter(counter.name)
     argv = ["--dsn", dsn, verb, name]
     if key is not None and verb in ("incr", "get"):
         argv.append(key)

@@ -36,6 +36,10 @@ def test_values_match_a_model(dsn: str, ops: list[Any]) -> None:
         for name, mode in zip(NAMES, modes, strict=True):
             pc.drop_counter(name)
             pc.create_counter(name, int, mode=mode)
+        # nothing of an earlier example is left: no delta queued, every value zero
+        assert pc.pending() == (0, 0)
+        for name in NAMES:
+            assert pc.get_many(name, range(-3, 4)) == [0] * 7
         model: Tally[tuple[str, int]] = Tally()
         for op in ops:
             if op[0] == "incr":

@@ -24,6 +24,7 @@ from pgcounters import (
 )
 from pgcounters.dberrors import translated
 from pgcounters.quotas import parse_window
+from support import set_clock
 
 UTC = dt.UTC
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -358,14 +359,56 @@ def test_naive_datetimes_are_refused(quotas: Quotas) -> None:
         quotas.register_call("q", "s", at="2026-01-01")  # type: ignore[arg-type]
 
 
-def test_calls_without_at_use_the_transaction_time(quotas: Quotas) -> None:
+def test_calls_without_at_use_the_transaction_time(
+    quotas: Quotas, conn: psycopg.Connection[Any]
+) -> None:
     quotas.define_quota("q", 5, window="minute")
-    result = quotas.register_call("q", "s")
-    now = dt.datetime.now(UTC)
-    assert result.window_start <= now + dt.timedelta(seconds=1)
-    assert result.window_end - result.window_start == dt.timedelta(minutes=1)
-    assert 0 <= result.retry_after <= 60
-    assert result.window_start.second == 0
+    with conn.transaction():
+        result = quotas.register_call("q", "s")
+        row = conn.execute(
+            "SELECT date_trunc('minute', now()), extract(epoch FROM"
+            " date_trunc('minute', now()) + interval '1 minute' - now())::float8"
+        ).fetchone()
+    assert row is not None
+    assert (result.window_start, result.window_end) == (row[0], row[0] + dt.timedelta(minutes=1))
+    assert result.retry_after == pytest.approx(row[1])
+
+
+def test_calls_without_at_use_the_clock_set_in_sql(
+    quotas: Quotas, conn: psycopg.Connection[Any]
+) -> None:
+    """SET pgcounters.now: calls and statuses without an instant happen then, from SQL too."""
+    quotas.define_quota("q", 2, window="minute")
+    set_clock(conn, at("2026-03-10T12:34:56+00:00"))
+    first = quotas.register_call("q", "s")
+    assert (first.window_start, first.window_end) == (
+        at("2026-03-10T12:34:00+00:00"),
+        at("2026-03-10T12:35:00+00:00"),
+    )
+    assert first.retry_after == 4
+    assert quotas.register_call("q", "s").allowed
+    row = conn.execute("SELECT allowed, used FROM pgcounters.register_call('q', 's')").fetchone()
+    assert row == (False, 2)  # the third call of the minute, from SQL: refused
+    assert quotas.status("q", "s").attempts == 3
+    set_clock(conn, at("2026-03-10T12:35:00+00:00"))  # the next minute, to the microsecond
+    assert (quotas.status("q", "s").attempts, quotas.register_call("q", "s").used) == (0, 1)
+    set_clock(conn, None)  # back to now(), the transaction's start
+    with conn.transaction():
+        status = quotas.status("q", "s")
+        row = conn.execute("SELECT date_trunc('minute', now())").fetchone()
+    assert row is not None
+    assert status.window_start == row[0]
+
+
+def test_calls_without_at_use_the_clock_set_in_python(conn: psycopg.Connection[Any]) -> None:
+    instants = iter([at("2026-03-10T23:59:59+00:00"), at("2026-03-11T00:00:00+00:00")])
+    quotas = Quotas(conn, clock=lambda: next(instants))
+    quotas.define_quota("q", 1, window="day")
+    late, early = quotas.register_call("q", "s"), quotas.register_call("q", "s")
+    assert (late.allowed, late.retry_after, late.window_end) == (True, 1, early.window_start)
+    assert (early.allowed, early.used) == (True, 1)  # a new day, a new window
+    with pytest.raises(InvalidQuotaArgument, match="aware"):
+        Quotas(conn, clock=lambda: dt.datetime(2026, 1, 1)).register_call("q", "s")
 
 
 # -- windows -------------------------------------------------------------------
@@ -495,6 +538,10 @@ def test_reports_of_rejected_calls(quotas: Quotas) -> None:
 def test_purge_removes_old_windows_and_log_rows(
     quotas: Quotas, conn: psycopg.Connection[Any]
 ) -> None:
+    # the clock at a chosen instant: the cut-offs below are in its past, whatever the date
+    # of the machine
+    now = at("2026-03-10T12:00:00+00:00")
+    set_clock(conn, now)
     quotas.define_quota("q", 5, log=True)
     quotas.define_quota("kept", 5, log=True)
     old, recent = at("2026-01-10T12:00:00+00:00"), at("2026-02-10T12:00:00+00:00")
@@ -511,8 +558,10 @@ def test_purge_removes_old_windows_and_log_rows(
     # the current window survives: a purge can never reopen a window in use
     assert counts(conn)[2:] == (1, 1)
     assert quotas.status("q", "s").attempts == 1
+    assert quotas.status("q", "s").window_start == at("2026-03-10T00:00:00+00:00")
+    assert quotas.purge(now).windows == 0  # the current window ends tomorrow
     with pytest.raises(InvalidQuotaArgument, match="future"):
-        quotas.purge(dt.datetime.now(UTC) + dt.timedelta(hours=1))
+        quotas.purge(now + dt.timedelta(microseconds=1))
     with pytest.raises(InvalidQuotaArgument):
         quotas.purge(dt.datetime(2026, 1, 1))
     assert counts(conn)[2:] == (1, 1)

@@ -11,10 +11,12 @@ import pytest
 
 from pgcounters import Quotas
 from pgcounters.quotas import CallResult
+from support import set_database_clock
 
 CLIENTS = 50
 LIMIT = 100
 CALLS_PER_CLIENT = 4  # 200 attempts against a limit of 100
+NOON = dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.UTC)
 
 
 def _hammer(
@@ -63,6 +65,8 @@ def _hammer(
 def test_fifty_clients_get_exactly_the_limit(dsn: str, synchronous_commit: bool) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         Quotas(conn).define_quota("api", LIMIT)
+        # every call and the status below in one day window, whatever the time of day
+        set_database_clock(conn, NOON)
     results = _hammer(dsn, "api", "customer-1", synchronous_commit=synchronous_commit)
     attempts = CLIENTS * CALLS_PER_CLIENT
     assert len(results) == attempts

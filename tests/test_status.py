@@ -129,10 +129,14 @@ def test_tables_show_size_tuples_and_dead_tuples(
     assert not queue.unlogged
     assert snap.table("pgcounters.queue_unlogged").unlogged
     assert queue.total_bytes >= queue.table_bytes > 0
-    if conn.info.server_version >= 150000:
-        assert queue.dead_tuples >= 30
-        assert snap.table("pgcounters.counters").live_tuples >= 8
     assert 0 <= queue.dead_ratio <= 1
+    if conn.info.server_version < 150000:
+        pytest.skip(
+            "tuple counts not checked: flushing the statistics at once needs"
+            " pg_stat_force_next_flush() (PostgreSQL 15+); the rest of the test passed"
+        )
+    assert queue.dead_tuples == 30  # the drain deleted the 30 logged deltas
+    assert snap.table("pgcounters.counters").live_tuples == 8  # keys 0-3 and 9 of a, 0-2 of b
 
 
 def test_connected_workers_and_wakeups_are_shown(

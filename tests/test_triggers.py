@@ -1,4 +1,5 @@
-"""Declared counters kept by statement-level triggers, checked against the S1 truth."""
+"""Declared counters kept by statement-level triggers, judged against truths written by hand
+(tests/truth.py); ``verify`` and ``recount`` are judged against the same truths."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 import blog_schema
+import truth
 from pgcounters import Counters, triggers
 from pgcounters.compiler import compile_spec, trigger_name
 from pgcounters.errors import InvalidCounterDefinition, UnknownCounter
 from pgcounters.recount import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
-from support import tamper
+from support import tamper, wait_for_lock_wait
 
 MODES = ["queued", "unlogged", "direct"]
 
@@ -30,10 +32,8 @@ def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return conn
 
 
-def assert_exact(conn: psycopg.Connection[Any], specs: list[CounterSpec]) -> None:
-    for spec in specs:
-        result = verify(conn, spec)
-        assert result.mismatches == [], spec.name
+TRUTHS = blog_schema.truths()
+ARTICLE = TRUTHS[0]
 
 
 def test_compiler_needs_no_database() -> None:
@@ -73,6 +73,11 @@ def test_hostile_values_are_quoted_literals(blog: psycopg.Connection[Any]) -> No
     triggers.install(blog, [spec])
     blog.execute("INSERT INTO blog_comment (publish_status) VALUES (%s), ('other')", (hostile,))
     assert Counters(blog).get("hostile") == 1
+    hand = truth.from_sql(
+        "hostile", "SELECT count(*) FROM blog_comment WHERE publish_status = %s", (hostile,)
+    )
+    assert truth.values(blog, hand) == {(): 1}
+    truth.assert_drained(blog, [hand])
     assert verify(blog, "hostile").ok
 
 
@@ -182,8 +187,7 @@ def test_every_write_is_counted(blog: psycopg.Connection[Any], mode: str) -> Non
     specs = blog_schema.specs(mode)
     triggers.install(blog, specs)
     _workload(blog)
-    Counters(blog).drain()
-    assert_exact(blog, specs)
+    truth.assert_drained(blog, TRUTHS)
     article_truth = blog.execute(
         "SELECT a.id, count(c.id) FILTER (WHERE c.publish_status = 'public')"
         " FROM blog_article a LEFT JOIN blog_comment c ON c.article_id = a.id GROUP BY a.id"
@@ -204,7 +208,8 @@ def test_exact_reads_include_pending_deltas(blog: psycopg.Connection[Any], mode:
     assert total is not None
     assert pc.get("blog.comments_total") == total[0]
     assert pc.get("blog.comments_total", exact=False) == 0
-    assert_exact(blog, specs)
+    assert truth.pending_deltas(blog, "blog.comments_total") > 0
+    truth.assert_exact(blog, TRUTHS)
 
 
 def test_a_bulk_statement_writes_one_delta_per_key(blog: psycopg.Connection[Any]) -> None:
@@ -240,7 +245,8 @@ def test_mark_as_read_twice_counts_once(blog: psycopg.Connection[Any], dsn: str)
 
         thread = threading.Thread(target=other)
         thread.start()
-        assert not done.wait(0.3)  # blocked on the row lock
+        wait_for_lock_wait(blog, second.info.backend_pid)  # blocked on the row lock
+        assert not done.is_set()
         first.commit()
         thread.join()
     finally:
@@ -257,7 +263,8 @@ def test_truncate_resets_the_counters(blog: psycopg.Connection[Any]) -> None:
     blog.execute("TRUNCATE blog_comment")
     assert blog.execute("SELECT sum(public_comments) FROM blog_article").fetchone() == (0,)
     assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (0,)
-    assert_exact(blog, specs)
+    truth.assert_exact(blog, TRUTHS)
+    truth.assert_stored(blog, TRUTHS)
     blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
     assert Counters(blog).get("blog.article.public_comments", 1) == 1
 
@@ -318,11 +325,18 @@ def test_bulk_import_paused_then_recount(blog: psycopg.Connection[Any]) -> None:
             " SELECT 1 + g % 5, 1 + g % 3, 'public', g FROM generate_series(1, 3000) g"
         )
     assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (0,)
-    assert not verify(blog, specs[0]).ok
+    for spec, hand in zip(specs, TRUTHS, strict=True):
+        wrong = truth.exact_mismatches(blog, hand)
+        assert wrong, spec.name  # the paused import is not counted
+        # verify reports exactly the keys the truth finds wrong, with the same values
+        assert {(m.key, m.expected, m.actual) for m in verify(blog, spec).mismatches} == {
+            (m.key, m.truth, m.found) for m in wrong
+        }, spec.name
     for spec in specs:
         result = recount(blog, spec.name, batch_size=2)
         assert result.keys_done > 0
-    assert_exact(blog, specs)
+    truth.assert_exact(blog, TRUTHS)
+    truth.assert_stored(blog, TRUTHS)  # nothing was pending: recount stored the truth
     # after the pause, counting is back on this connection
     blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
     assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() != (0,)
@@ -359,6 +373,7 @@ def test_recount_resumes_and_takes_key_ranges(blog: psycopg.Connection[Any]) -> 
         "SELECT array_agg(public_comments ORDER BY id) FROM blog_article"
     ).fetchone() == ([99, 0, 0, 0, 0],)
     assert recount(blog, spec).keys_fixed == 1
+    truth.assert_stored(blog, [ARTICLE])
     assert verify(blog, spec).ok
 
 
@@ -370,6 +385,9 @@ def test_verify_samples_and_reports_mismatches(blog: psycopg.Connection[Any]) ->
     result = verify(blog, spec.name)
     assert result.keys_checked == 5
     assert [(m.key, m.expected, m.actual) for m in result.mismatches] == [((3,), 0, 5)]
+    assert [(m.key, m.truth, m.found) for m in truth.exact_mismatches(blog, ARTICLE)] == [
+        ((3,), 0, 5)
+    ]
     sampled = verify(blog, spec.name, sample=2)
     assert sampled.keys_checked == 2
     with pytest.raises(UnknownCounter):
@@ -436,8 +454,7 @@ def test_recount_during_writes_and_drains_ends_exact(
         for t in threads:
             t.join()
     assert errors == []
-    Counters(blog).drain()
-    assert_exact(blog, specs)
+    truth.assert_drained(blog, TRUTHS)
 
 
 # -- property-based: random operation sequences against the truth -------------------
@@ -516,11 +533,13 @@ def test_random_operation_sequences_match_the_truth(
     @settings(max_examples=15, deadline=None)
     @given(ops=OPS)
     def run(ops: list[tuple[Any, ...]]) -> None:
-        blog.execute("TRUNCATE blog_comment")  # resets every counter (tested above)
+        # each example starts from the same state: no comment, ids from 1, every count zero
+        blog.execute("TRUNCATE blog_comment RESTART IDENTITY")  # resets every counter
+        truth.assert_drained(blog, TRUTHS)
         for op in ops:
             _apply(blog, op)
-        Counters(blog).drain()
-        assert_exact(blog, specs)
+        truth.assert_exact(blog, TRUTHS)  # before the drain: stored + pending
+        truth.assert_drained(blog, TRUTHS)
 
     run()
 
@@ -603,8 +622,7 @@ def test_threads_with_multi_row_transactions_and_drainers(
     for t in drainers:
         t.join()
     assert errors == []
-    Counters(conn).drain()
-    assert_exact(conn, specs)
+    truth.assert_drained(conn, TRUTHS)
     assert conn.execute("SELECT count(*) FROM blog_comment").fetchone() != (0,)
 
 
@@ -656,7 +674,21 @@ def test_keys_equal_in_their_key_type_are_one_key(conn: psycopg.Connection[Any],
         "2026-11-21": 1,
         "2026-11-22": 0,
     }
-    assert_exact(conn, [per_day, per_amount])
+    truth.assert_drained(
+        conn,
+        [
+            truth.from_sql(
+                "events.per_day",
+                "SELECT at::date, count(*) FROM event GROUP BY at::date",
+                stored="SELECT d, events FROM day",
+            ),
+            truth.from_sql(
+                "events.per_amount",
+                "SELECT amount::bigint, count(*) FROM event WHERE amount IS NOT NULL"
+                " GROUP BY amount::bigint",
+            ),
+        ],
+    )
 
 
 def test_a_counter_declared_again_over_another_table_leaves_the_old_one(

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 import blog_schema
+import truth
 from pgcounters import Counters, cli, install, triggers
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.recount import verify
@@ -54,8 +55,12 @@ def run(
     return code, out, err
 
 
-def all_exact(conn: psycopg.Connection[Any], specs: list[CounterSpec]) -> bool:
-    return all(verify(conn, spec).ok for spec in specs)
+TRUTHS = blog_schema.truths()
+
+
+def off_keys(conn: psycopg.Connection[Any]) -> set[tuple[str, Any]]:
+    """(counter, key) of every exact value the hand-written truth finds wrong."""
+    return {(m.counter, m.key) for t in TRUTHS for m in truth.exact_mismatches(conn, t)}
 
 
 def env() -> dict[str, str]:
@@ -79,15 +84,16 @@ def test_verify_finds_tampering_and_recount_repairs_it(
         " (SELECT id FROM pgcounters.targets WHERE name = %s)",
         (TOTAL,),
     )
-    truth = conn.execute(
+    public = conn.execute(
         "SELECT count(*) FILTER (WHERE publish_status = 'public') FROM blog_comment"
         " WHERE article_id = 2"
     ).fetchone()
-    assert truth is not None
+    assert public is not None
+    assert off_keys(conn) == {(ARTICLE, (2,)), (TOTAL, ())}
     code, out, _ = run(capsys, dsn, "verify")
     assert code == cli.EXIT_DRIFT == 5
     assert f"{ARTICLE}: 5 keys checked, 1 off" in out
-    assert f"  key 2: stored + pending {truth[0] + 7}, truth {truth[0]} (+7)" in out
+    assert f"  key 2: stored + pending {public[0] + 7}, truth {public[0]} (+7)" in out
     assert f"{TOTAL}: 1 keys checked, 1 off" in out
     assert "  key -: stored + pending 197, truth 200 (-3)" in out
     assert "drift found in 2 of 5 counters" in out
@@ -96,7 +102,7 @@ def test_verify_finds_tampering_and_recount_repairs_it(
     assert (code, report["drift"], report["exit_code"]) == (5, True, 5)
     by_name = {c["name"]: c for c in report["counters"]}
     assert by_name[ARTICLE]["differences"] == [
-        {"key": [2], "expected": truth[0], "actual": truth[0] + 7, "difference": 7}
+        {"key": [2], "expected": public[0], "actual": public[0] + 7, "difference": 7}
     ]
     assert by_name["blog.user.public_comments"]["keys_off"] == 0
     # one exact counter alone exits 0
@@ -106,13 +112,14 @@ def test_verify_finds_tampering_and_recount_repairs_it(
     assert code == cli.EXIT_OK
     assert f"{ARTICLE}: 5 keys in 3 batches, 1 fixed" in out
     assert run(capsys, dsn, "verify", ARTICLE)[0] == cli.EXIT_OK
+    assert off_keys(conn) == {(TOTAL, ())}
     assert run(capsys, dsn, "verify")[0] == cli.EXIT_DRIFT
     code, out, err = run(capsys, dsn, "recount")
     assert code == cli.EXIT_OK
     assert f"{TOTAL}: 1 keys in 1 batches, 1 fixed" in out
     assert err == ""  # not a terminal: no progress bar
     assert run(capsys, dsn, "verify")[0] == cli.EXIT_OK
-    assert all_exact(conn, blog)
+    truth.assert_drained(conn, TRUTHS)
 
 
 def test_verify_samples_shows_few_differences_and_refuses_unknown_counters(
@@ -122,6 +129,7 @@ def test_verify_samples_shows_few_differences_and_refuses_unknown_counters(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     tamper(conn, "UPDATE blog_article SET public_comments = public_comments + 1")
+    assert off_keys(conn) == {(ARTICLE, (k,)) for k in range(1, 6)}
     code, out, _ = run(capsys, dsn, "verify", ARTICLE, "--sample", "3", "--show", "1")
     assert code == cli.EXIT_DRIFT
     assert f"{ARTICLE}: 3 keys checked, 3 off" in out
@@ -159,6 +167,7 @@ def test_recount_takes_key_ranges(
     assert code == 0
     assert f"{ARTICLE}: 2 keys in [2, 3] in 1 batches, 2 fixed" in out
     assert wrong() == [1, 4, 5]
+    assert off_keys(conn) == {(ARTICLE, (k,)) for k in (1, 4, 5)}
     assert run(capsys, dsn, "recount", ARTICLE, "--key-from", "5")[0] == 0
     assert wrong() == [1, 4]
     # every keyed counter at once; the global one has no key to range over
@@ -173,6 +182,7 @@ def test_recount_takes_key_ranges(
     assert code == cli.EXIT_ERROR
     assert "'four' is not a valid bigint" in err
     assert wrong() == [4]
+    assert off_keys(conn) == {(ARTICLE, (4,))}
     assert run(capsys, dsn, "recount", ARTICLE, "--batch-size", "0")[0] == cli.EXIT_ERROR
 
 
@@ -235,8 +245,8 @@ def test_recount_while_writers_and_a_drainer_run_ends_exact(
     assert writes[0] > 20  # the writers kept writing while the recount ran
     assert during > 20
     # stored + pending is exact at once, and stays so once the queue is drained
-    assert all_exact(conn, blog)
-    Counters(conn).drain()
+    truth.assert_exact(conn, TRUTHS)
+    truth.assert_drained(conn, TRUTHS)
     assert run(capsys, dsn, "verify")[0] == cli.EXIT_OK
 
 
@@ -290,6 +300,7 @@ def test_an_interrupted_recount_resumes_where_it_stopped(
     assert code == 0
     assert f"{ARTICLE}: {3000 - before} keys in" in out
     assert "(resumed)" in out
+    truth.assert_drained(conn, TRUTHS[:1])
     assert verify(conn, spec).ok
     # finished: the next run starts from the first key again (and finds nothing to fix)
     code, out, _ = run(capsys, dsn, "recount", ARTICLE, "--batch-size", "500")
@@ -335,6 +346,7 @@ def test_ctrl_c_stops_a_recount_with_exit_130_and_it_resumes(
     code, text, _ = run(capsys, dsn, "recount", ARTICLE, "--batch-size", "1000")
     assert code == 0
     assert "(resumed)" in text
+    truth.assert_drained(conn, TRUTHS[:1])
     assert verify(conn, spec).ok
 
 
@@ -403,16 +415,19 @@ def test_recount_restores_exactness_after_a_crash_emptied_the_unlogged_queue(
         pending = conn.execute("SELECT count(*) FROM pgcounters.queue_unlogged").fetchone()
         assert pending is not None
         assert pending[0] > 0
-        assert all_exact(conn, specs)
+        truth.assert_exact(conn, TRUTHS)
     own_server.restart("immediate")  # a crash: unlogged tables come back empty
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM pgcounters.queue_unlogged").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM blog_comment").fetchone() == (160,)
-        code, out, _ = run(capsys, dsn, "verify")
+        lost = off_keys(conn)
+        assert (TOTAL, ()) in lost
+        code, out, _ = run(capsys, dsn, "verify", "--show", "1000")
         assert code == cli.EXIT_DRIFT
         assert "blog.comments_total: 1 keys checked, 1 off" in out
         assert "stored + pending 100, truth 160 (-60)" in out
+        assert out.count("  key ") == len(lost)  # verify reports the keys the truth finds off
         assert run(capsys, dsn, "recount")[0] == 0
-        assert all_exact(conn, specs)
+        truth.assert_exact(conn, TRUTHS)
         assert Counters(conn).get("blog.comments_total") == 160
         assert run(capsys, dsn, "verify")[0] == cli.EXIT_OK

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -153,6 +154,8 @@ def test_kill_9_in_the_middle_of_batches_loses_nothing_and_applies_nothing_twice
         writer.join(timeout=60)
     assert writer.error is None
     assert kills == 20
+    # the application wrote all along: its acknowledged increments are judged below
+    assert sum(writer.tally.values()) >= 100
     # the workers committed batches between kills (drain statistics count committed batches
     # only), so the kills landed among many batches; the queue's length would not say so,
     # the writer adds to it all along
@@ -193,6 +196,23 @@ def test_sigterm_finishes_the_batch_and_exits_0(
     assert exact(pc, COUNTERS) == before
 
 
+def _read_until(proc: subprocess.Popen[bytes], text: bytes, timeout: float = 60.0) -> bytes:
+    """Read the process's stderr until ``text`` appears in it; what was read is returned."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while text not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{text!r} never came; stderr so far: {seen!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"stderr closed before {text!r}: {seen!r}"
+            seen += chunk
+    return seen
+
+
 def test_a_second_signal_stops_at_once_and_the_open_batch_rolls_back(
     dsn: str, conn: psycopg.Connection[Any], pc: Counters
 ) -> None:
@@ -208,10 +228,13 @@ def test_a_second_signal_stops_at_once_and_the_open_batch_rolls_back(
         # the batch waits for the lock
         wait_for(lambda: any(w == "Lock" for _, _, w, _ in worker_backends(conn)), timeout=60)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        # the worker says it received the signal, and its batch still waits for the lock
+        first = _read_until(proc, b"SIGTERM received, finishing the current batch")
+        assert any(w == "Lock" for _, _, w, _ in worker_backends(conn))
         assert proc.poll() is None, "the first signal lets the batch finish"
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, rest = proc.communicate(timeout=30)
+        err = first + rest
         assert proc.returncode == 130, err.decode()
         assert "interrupted" in err.decode()
         wait_for(lambda: worker_backends(conn) == [], timeout=30)

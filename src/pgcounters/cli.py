@@ -871,6 +871,7 @@ def _add_operations(add: Callable[[str, Handler, str], argparse.ArgumentParser])
 if TYPE_CHECKING:
     from tqdm import tqdm
 
+    from pgcounters.recount import VerifyResult
     from pgcounters.specs import CounterSpec
 
 EXIT_DRIFT = 5
@@ -914,21 +915,42 @@ def _cmd_verify(args: argparse.Namespace, dsn: str) -> int:
         results = [
             verify(conn, spec, sample=args.sample) for spec in specs if spec.name not in filling
         ]
+        waiting = [(s.name, filling[s.name]) for s in specs if s.name in filling]
+    return report_verify(
+        results, show=args.show, as_json=args.json, sample=args.sample, waiting=waiting
+    )
+
+
+def report_verify(
+    results: Sequence[VerifyResult],
+    *,
+    show: int,
+    as_json: bool,
+    sample: int | None = None,
+    truth: str | None = None,
+    waiting: Sequence[tuple[str, int]] = (),
+) -> int:
+    """Print verify's report (text or one JSON object) and return its exit code.
+
+    ``truth``: a name for a truth other than the spec's compiled count, printed with the
+    report (``manage.py pgcounters verify --truth orm``). ``waiting``: counters being
+    backfilled (name, keys done), reported rather than verified.
+    """
     drifted = [r for r in results if not r.ok]
-    waiting = [(s.name, filling[s.name]) for s in specs if s.name in filling]
     code = EXIT_DRIFT if drifted else EXIT_OK
-    if args.json:
+    if as_json:
         print(json.dumps({
             "counters": [
                 {"name": r.name, "keys_checked": r.keys_checked, "keys_off": len(r.mismatches),
                  "differences": [
                      {"key": _key_json(m.key), "expected": m.expected, "actual": m.actual,
                       "difference": m.actual - m.expected}
-                     for m in r.mismatches[: args.show]]}
+                     for m in r.mismatches[: show]]}
                 for r in results
             ],
             "backfilling": [name for name, _ in waiting],
-            "sampled": args.sample, "drift": bool(drifted), "exit_code": code,
+            "sampled": sample, "drift": bool(drifted), "exit_code": code,
+            **({"truth": truth} if truth else {}),
         }))  # fmt: skip
         return code
     for name, done in waiting:
@@ -936,17 +958,19 @@ def _cmd_verify(args: argparse.Namespace, dsn: str) -> int:
     if not results and not waiting:
         print("no declared counters are recorded in this database")
         return code
+    if truth:
+        print(f"truth: {truth}")
     for r in results:
         print(f"{r.name}: {r.keys_checked} keys checked, {len(r.mismatches)} off")
-        for m in r.mismatches[: args.show]:
+        for m in r.mismatches[:show]:
             key = ",".join(str(p) for p in m.key) or "-"
             print(
                 f"  key {key}: stored + pending {m.actual}, truth {m.expected} "
                 f"({m.actual - m.expected:+d})"
             )
-        if len(r.mismatches) > args.show:
-            print(f"  ... and {len(r.mismatches) - args.show} more")
-    what = f"{len(results)} counters" + (f" (samples of {args.sample} keys)" if args.sample else "")
+        if len(r.mismatches) > show:
+            print(f"  ... and {len(r.mismatches) - show} more")
+    what = f"{len(results)} counters" + (f" (samples of {sample} keys)" if sample else "")
     if drifted:
         print(f"drift found in {len(drifted)} of {what}: run `pgcounters recount` to repair")
     else:

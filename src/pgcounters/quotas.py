@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -256,6 +256,14 @@ def _check_instant(value: object, what: str) -> dt.datetime | None:
     return value
 
 
+def _clock_instant(clock: Callable[[], dt.datetime]) -> dt.datetime:
+    value = clock()
+    checked = _check_instant(value, "the clock's instant")
+    if checked is None:
+        raise InvalidQuotaArgument("the clock returned None, not an instant")
+    return checked
+
+
 def _check_count(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= BIGINT_MAX:
         raise InvalidQuotaArgument(
@@ -288,6 +296,12 @@ class Quotas:
     calls may be granted again. Calls made inside a transaction always commit
     with it, as it is.
 
+    ``clock``: a function returning the current instant (an aware datetime) for
+    the calls and statuses given no ``at``; by default the database's clock is
+    used: ``now()``, the transaction's start, or the instant in the setting
+    ``pgcounters.now`` when it is set. Either lets tests (and replays) place
+    calls at chosen instants.
+
     Like its connection, a ``Quotas`` is meant for one thread at a time.
     """
 
@@ -297,9 +311,11 @@ class Quotas:
         *,
         check_schema: bool = True,
         synchronous_commit: bool = True,
+        clock: Callable[[], dt.datetime] | None = None,
     ) -> None:
         self.conn = conn
         self.synchronous_commit = synchronous_commit
+        self.clock = clock
         self._schema_checked = not check_schema
         self._register = query("quota_register_call")
         self._cursor: psycopg.Cursor[tuple[Any, ...]] | None = None
@@ -458,11 +474,13 @@ class Quotas:
         One statement: the usage row of the subject's current window is
         upserted and the decision made from it, locked, so no concurrent call
         can take the same unit. A refused call still counts as an attempt.
-        ``at`` (default: the transaction's start, ``now()``) places the call in
+        ``at`` (default: the clock, see :class:`Quotas`) places the call in
         its window; ``details`` go to the request log if the quota keeps one.
         """
         check_subject(subject)
         check_cost(cost)
+        if at is None and self.clock is not None:
+            at = _clock_instant(self.clock)
         if at is not None:
             _check_instant(at, "at")
         if details is not None and not isinstance(details, Mapping):
@@ -509,9 +527,11 @@ class Quotas:
         )
 
     def status(self, quota: str, subject: str, *, at: dt.datetime | None = None) -> QuotaStatus:
-        """The usage of ``subject`` in the window containing ``at`` (default: now)."""
+        """The usage of ``subject`` in the window containing ``at`` (default: the clock)."""
         check_quota_name(quota)
         check_subject(subject)
+        if at is None and self.clock is not None:
+            at = _clock_instant(self.clock)
         _check_instant(at, "at")
         self._ensure_schema()
         with translated(), self.conn.cursor(row_factory=tuple_row) as cur:

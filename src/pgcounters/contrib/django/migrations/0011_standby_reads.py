@@ -5,5 +5,5 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 
 class Migration(migrations.Migration):
     initial = False
-    dependencies = [("pgcounters", "0009_counter_columns")]
+    dependencies = [("pgcounters", "0010_clock")]
     operations = [ApplySchemaMigration(11)]

@@ -1,0 +1,193 @@
+"""``verify`` with the ORM's own count as the truth, for counters declared on Django models.
+
+``pgcounters verify`` counts the source rows with SQL compiled from the counter's
+spec, by the same compiler that writes the triggers' deltas: a condition or a sum
+compiled wrongly would be wrong on both sides. This check asks the ORM instead,
+as the application itself would count: ``QuerySet.filter(<the declared Q>)
+.values(<key>).annotate(Count("pk"))`` (or ``Sum(<field>)``), grouped by the
+foreign key of a :class:`CountField` / :class:`SumField` or by the keys of a
+:func:`register_counter` counter. It shares no code with the triggers.
+
+The truth and pgcounters' values (the counter column or ``pgcounters.counters``,
+plus the deltas still queued) are read in one REPEATABLE READ snapshot, so
+writes going on meanwhile do not show as drift. ``manage.py pgcounters verify
+--truth orm`` prints the same report as ``verify``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections, models, transaction
+from django.db.models import Count, Sum
+
+from pgcounters.contrib.django.declarations import CountField, NamedCounter, _named, key_type_of
+from pgcounters.errors import InvalidKey, UnknownCounter
+from pgcounters.keys import Key, KeyType, decode_key
+from pgcounters.recount import Mismatch, VerifyResult
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """One counter declared on models, as the ORM sees it."""
+
+    name: str
+    source: type[models.Model]
+    keys: tuple[str, ...]  # field names of the source model to group by
+    key_types: tuple[KeyType, ...]
+    filter: models.Q | None
+    sum: str | None
+    parent: type[models.Model] | None = None  # a counter column: its model ...
+    parent_key: str = ""  # ... the field the foreign key points to ...
+    column: str = ""  # ... and the counter field
+
+    def truth(self, using: str) -> dict[Key, int]:
+        """The ORM's own count (or sum) per key of the source rows."""
+        rows = self.source._default_manager.using(using).all()
+        if self.filter is not None:
+            rows = rows.filter(self.filter)
+        aggregate = Count("pk") if self.sum is None else Sum(self.sum)
+        if not self.keys:
+            value = rows.aggregate(truth=aggregate)["truth"]
+            return {(): int(value or 0)}
+        for key in self.keys:  # a row with a NULL key part counts nowhere
+            rows = rows.exclude(**{f"{key}__isnull": True})
+        grouped = rows.order_by().values(*self.keys).annotate(truth=aggregate)
+        return {tuple(row[k] for k in self.keys): int(row["truth"] or 0) for row in grouped}
+
+
+def _column_counters() -> Iterable[_Declared]:
+    from django.apps import apps
+
+    for model in apps.get_models():
+        for field in model._meta.get_fields():
+            if not isinstance(field, CountField):
+                continue
+            rel = model._meta.get_field(field.relation or "")
+            assert isinstance(rel, models.ManyToOneRel)
+            source = rel.related_model
+            assert isinstance(source, type)
+            fk = rel.remote_field
+            assert isinstance(fk, models.ForeignKey)
+            yield _Declared(
+                name=field.spec().name,
+                source=source,
+                keys=(fk.attname,),
+                key_types=(key_type_of(fk),),
+                filter=field.counter_filter,
+                sum=field.counter_sum,
+                parent=model,
+                parent_key=fk.target_field.attname,
+                column=field.attname,
+            )
+
+
+def _named_counter(counter: NamedCounter) -> _Declared:
+    fields = [counter.model._meta.get_field(k) for k in counter.keys]
+    return _Declared(
+        name=counter.name,
+        source=counter.model,
+        keys=tuple(getattr(f, "attname", f.name) for f in fields),
+        key_types=tuple(key_type_of(f) for f in fields),  # type: ignore[arg-type]
+        filter=counter.filter,
+        sum=counter.sum,
+    )
+
+
+def declared() -> dict[str, _Declared]:
+    """Every counter declared on models, by name."""
+    out = {d.name: d for d in _column_counters()}
+    out.update((c.name, _named_counter(c)) for c in _named.values())
+    return out
+
+
+def _decoded(parts: Sequence[str | None], key_types: tuple[KeyType, ...]) -> Key | None:
+    if len(parts) != len(key_types) or any(p is None for p in parts):
+        return None
+    try:
+        return decode_key([p for p in parts if p is not None], key_types)
+    except (ValueError, InvalidKey):
+        return None
+
+
+_HELD = """
+    SELECT h.key, sum(h.value)::bigint FROM (
+        SELECT key, value FROM pgcounters.counters WHERE target_id = %(t)s
+        UNION ALL SELECT key::text[], delta FROM pgcounters.queue WHERE target_id = %(t)s
+        UNION ALL SELECT key::text[], delta FROM pgcounters.queue_unlogged WHERE target_id = %(t)s
+    ) AS h GROUP BY h.key
+"""
+
+
+def _held(cursor: Any, name: str) -> list[tuple[list[str | None], int]]:
+    """Pending deltas per key (and, for a named counter, stored values) from pgcounters."""
+    cursor.execute("SELECT id FROM pgcounters.targets WHERE name = %s", [name])
+    row = cursor.fetchone()
+    if row is None:  # the triggers never fired: nothing stored, nothing pending
+        return []
+    cursor.execute(_HELD, {"t": row[0]})
+    return [(list(key), int(value)) for key, value in cursor.fetchall()]
+
+
+def _compare(counter: _Declared, using: str, cursor: Any) -> VerifyResult:
+    truth = counter.truth(using)
+    held = _held(cursor, counter.name)
+    actual: dict[Key, int] = {}
+    undecodable: dict[tuple[str | None, ...], int] = {}
+    keys: list[Key] = []
+    for parts, value in held:
+        key = _decoded(parts, counter.key_types)
+        if key is None:
+            undecodable[tuple(parts)] = value
+        else:
+            actual[key] = actual.get(key, 0) + value
+    if counter.parent is not None:
+        stored = counter.parent._default_manager.using(using).values_list(
+            counter.parent_key, counter.column
+        )
+        for key_value, value in stored:
+            key = (key_value,)
+            keys.append(key)
+            actual[key] = actual.get(key, 0) + int(value or 0)
+    else:
+        keys = list(set(truth) | set(actual))
+    mismatches = [
+        Mismatch(key, truth.get(key, 0), actual.get(key, 0))
+        for key in keys
+        if truth.get(key, 0) != actual.get(key, 0)
+    ]
+    mismatches += [Mismatch(key, 0, v) for key, v in undecodable.items() if v]
+    mismatches.sort(key=lambda m: repr(m.key))
+    return VerifyResult(counter.name, len(keys), mismatches)
+
+
+def _snapshot(using: str) -> AbstractContextManager[Any]:
+    """One REPEATABLE READ read-only transaction (the caller's own, if already in one)."""
+    connection = connections[using]
+    if connection.in_atomic_block:
+        return nullcontext()
+    return transaction.atomic(using=using)
+
+
+def verify_orm(names: Sequence[str] = (), *, using: str = "default") -> list[VerifyResult]:
+    """Compare every counter declared on models (or those named) with the ORM's own count.
+
+    Raises :class:`~pgcounters.errors.UnknownCounter` for a name no model declares.
+    """
+    counters = declared()
+    unknown = [n for n in names if n not in counters]
+    if unknown:
+        raise UnknownCounter(
+            f"no counter declared on a Django model is named {', '.join(unknown)}"
+            " (--truth orm checks counters declared with CountField, SumField, register_counter)"
+        )
+    chosen = [counters[n] for n in dict.fromkeys(names)] if names else list(counters.values())
+    connection = connections[using]
+    fresh = not connection.in_atomic_block
+    with _snapshot(using), connection.cursor() as cursor:
+        if fresh:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        return [_compare(counter, using, cursor) for counter in chosen]
