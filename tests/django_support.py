@@ -16,6 +16,7 @@ from blog.models import Article, User
 from django.db.models import Count, Q, Sum
 
 import truth
+from members.models import Member, Post
 from oddnames.models import Item, Owner
 from pgcounters import Counters
 from pgcounters.contrib.django import declared_counters
@@ -76,6 +77,23 @@ def orm_truths() -> list[truth.Truth]:
             Count("items", filter=Q(items__state="on")),
         ),
         _column("oddnames.owner.total_size", Owner, "total_size", Sum("items__size")),
+        _column(
+            "members.member.published_posts",
+            Member,
+            "published_posts",
+            Count("posts", filter=Q(posts__published=True)),
+        ),
+        _column("members.member.all_posts", Member, "all_posts", Count("posts")),
+        truth.from_rows(
+            "members.posts.per_user",
+            lambda conn: {
+                (user,): n
+                for user, n in Post.objects.filter(user__isnull=False)
+                .values("user")
+                .annotate(n=Count("pk"))
+                .values_list("user", "n")
+            },
+        ),
         truth.from_rows(
             "oddnames.items.by_state",
             lambda conn: {

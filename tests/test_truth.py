@@ -67,7 +67,7 @@ def test_the_truths_of_the_test_schema_hold_and_are_not_all_zero(
 
 def test_a_wrong_stored_column_value_is_named(blog: psycopg.Connection[Any]) -> None:
     Counters(blog).drain()
-    blog.execute("UPDATE blog_article SET score_total = score_total + 1 WHERE id IN (2, 4)")
+    tamper(blog, "UPDATE blog_article SET score_total = score_total + 1 WHERE id IN (2, 4)")
     with pytest.raises(AssertionError) as failed:
         truth.assert_exact(blog, TRUTHS)
     message = str(failed.value)
