@@ -94,6 +94,73 @@ BEGIN
 END;
 $$;
 
+-- Keys written before this version by SQL callers may not be canonical ('007'
+-- next to '7'): they split a count and could not be read back by the client.
+-- Named counters' stored rows and queued deltas are re-keyed once, here; keys
+-- that do not cast are left as they are (the drain sets such deltas aside).
+CREATE FUNCTION pgcounters._is_canonical(p_types text[], p_key text[]) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(bool_and(CASE t.kind
+               WHEN 'bigint' THEN k.part ~ '^-?(0|[1-9][0-9]*)$'
+               WHEN 'uuid' THEN k.part ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+               WHEN 'date' THEN k.part ~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}$'
+               ELSE true END), true)
+      FROM unnest(p_types) WITH ORDINALITY AS t(kind, i)
+      JOIN unnest(p_key) WITH ORDINALITY AS k(part, i) USING (i)
+$$;
+
+DO $$
+DECLARE
+    t pgcounters.targets;
+    r record;
+    v_key text[];
+BEGIN
+    FOR t IN
+        SELECT * FROM pgcounters.targets
+         WHERE target_table IS NULL AND key_types && ARRAY['bigint', 'uuid', 'date']
+         ORDER BY id
+    LOOP
+        FOR r IN
+            SELECT c.key, c.value FROM pgcounters.counters AS c
+             WHERE c.target_id = t.id AND NOT pgcounters._is_canonical(t.key_types, c.key)
+        LOOP
+            BEGIN
+                v_key := pgcounters._canonical_key(t, r.key);
+            EXCEPTION WHEN sqlstate 'PC004' THEN
+                CONTINUE;
+            END;
+            DELETE FROM pgcounters.counters WHERE target_id = t.id AND key = r.key;
+            INSERT INTO pgcounters.counters AS c (target_id, key, value)
+            VALUES (t.id, v_key, r.value)
+            ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value;
+        END LOOP;
+        -- queued keys: only simple arrays (no quotes or nesting) can be cast safely in
+        -- the filter; a non-text part never needs quotes in its canonical form
+        FOR r IN
+            SELECT 'queue' AS queue, q.id, q.key FROM pgcounters.queue AS q
+             WHERE q.target_id = t.id
+               AND CASE WHEN q.key ~ '^\{[^{}"\\]*\}$'
+                        THEN NOT pgcounters._is_canonical(t.key_types, q.key::text[])
+                        ELSE false END
+            UNION ALL
+            SELECT 'queue_unlogged', q.id, q.key FROM pgcounters.queue_unlogged AS q
+             WHERE q.target_id = t.id
+               AND CASE WHEN q.key ~ '^\{[^{}"\\]*\}$'
+                        THEN NOT pgcounters._is_canonical(t.key_types, q.key::text[])
+                        ELSE false END
+        LOOP
+            BEGIN
+                v_key := pgcounters._canonical_key(t, r.key::text[]);
+            EXCEPTION WHEN sqlstate 'PC004' OR invalid_text_representation THEN
+                CONTINUE;
+            END;
+            EXECUTE format('UPDATE pgcounters.%I SET key = $1 WHERE id = $2', r.queue)
+            USING v_key::text, r.id;
+        END LOOP;
+    END LOOP;
+END;
+$$;
+
 -- incr (as in version 6) with canonical keys.
 CREATE OR REPLACE FUNCTION pgcounters.incr(
     p_name text, p_key text[] DEFAULT '{}', p_delta bigint DEFAULT 1
@@ -841,6 +908,7 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION
     pgcounters._remember_dropped(),
+    pgcounters._is_canonical(text[], text[]),
     pgcounters._canonical_key(pgcounters.targets, text[]),
     pgcounters._quarantinable(text),
     pgcounters._record_drain(boolean, bigint, bigint, double precision, bigint, bigint),
