@@ -236,6 +236,22 @@ BEGIN
         RAISE EXCEPTION 'add_direct needs as many keys and deltas as targets'
             USING ERRCODE = 'PC004';
     END IF;
+    IF array_length(p_targets, 1) = 1 AND p_keys[1] ~ '^\{-?(0|[1-9][0-9]{0,17})\}$' THEN
+        -- one increment with one integer key already canonical (the client's, a
+        -- trigger's): no cast to check, no subtransaction
+        SELECT * INTO v_target FROM pgcounters.targets WHERE id = p_targets[1];
+        IF NOT FOUND OR v_target.mode <> 'direct' OR v_target.target_table IS NOT NULL THEN
+            RAISE EXCEPTION 'counter id % is not a named counter in direct mode', p_targets[1]
+                USING ERRCODE = 'PC003';
+        END IF;
+        IF v_target.key_types = '{bigint}' AND p_deltas[1] IS NOT NULL THEN
+            INSERT INTO pgcounters.counters AS c (target_id, key, value)
+            VALUES (v_target.id, p_keys[1]::text[], p_deltas[1])
+            ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
+            RETURNING c.value INTO v_value;
+            RETURN v_value;
+        END IF;
+    END IF;
     FOR i IN 1 .. coalesce(array_length(p_targets, 1), 0) LOOP
         IF v_target.id IS DISTINCT FROM p_targets[i] THEN
             SELECT * INTO v_target FROM pgcounters.targets WHERE id = p_targets[i];
