@@ -538,6 +538,12 @@ BEGIN
          GROUP BY 1, 2, 3, 4
          ORDER BY 1, 2, 3, 4
     LOOP
+        -- drainers take turns on a table (tables in name order, so they cannot wait for
+        -- each other in a cycle): without this, a second drainer finds every row the
+        -- first one holds busy and puts its deltas back. A drainer holding this lock
+        -- waits for nothing (SKIP LOCKED below), so the wait is always short.
+        PERFORM pg_advisory_xact_lock(hashtext('pgcounters.parents'),
+                                      hashtext(format('%I.%I', c.s, c.r)));
         SELECT l.locked, l.busy INTO v_locked, v_busy
           FROM pgcounters._lock_parents(c.s, c.r, c.k, c.key_type, c.ks) AS l;
         FOR t IN
@@ -628,6 +634,7 @@ DECLARE
     v_message text;
     v_column_keys bigint;
     v_column_busy bigint;
+    v_last_claimed bigint;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'batch size must be a positive integer, got %', p_limit
@@ -660,7 +667,7 @@ BEGIN
             ), claimed AS (
                 DELETE FROM pgcounters.%1$I AS q
                  WHERE $q$ || v_claim || v_skip || $q$
-                RETURNING q.target_id, q.key, q.delta, q.created_at
+                RETURNING q.id, q.target_id, q.key, q.delta, q.created_at
             ), summed AS (
                 SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n,
                        min(created_at) AS created_at
@@ -683,11 +690,12 @@ BEGIN
                    $q$ || CASE WHEN v_sole THEN '(SELECT lo FROM head)' ELSE 'NULL::bigint' END || $q$,
                    count(*) FILTER (WHERE t.id IS NULL
                        OR coalesce(array_length(s.key, 1), 0)
-                          <> coalesce(array_length(t.key_types, 1), 0))
+                          <> coalesce(array_length(t.key_types, 1), 0)),
+                   (SELECT max(c.id) FROM claimed AS c)
               FROM summed s
               LEFT JOIN pgcounters.targets t ON t.id = s.target_id
         $q$, v_queue)
-        INTO v_claimed, keys, v_columns, v_head, v_orphans
+        INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed
         USING p_limit, v_broken;
         -- a range found empty while the queue was not: another drainer held it and
         -- took it; claim again from the new head (each round sees a newer snapshot)
@@ -711,15 +719,18 @@ BEGIN
         IF NOT pgcounters._quarantinable(v_state) THEN
             RAISE;
         END IF;
-        SELECT d.deltas, d.keys, d.busy, d.quarantined, d.first_requeued
-          INTO deltas, keys, busy, quarantined, v_first_requeued
+        SELECT d.deltas, d.keys, d.busy, d.quarantined, d.first_requeued, d.last_claimed
+          INTO deltas, keys, busy, quarantined, v_first_requeued, v_last_claimed
           FROM pgcounters._drain_carefully(p_limit, p_unlogged, v_sole, v_skip, v_broken) AS d;
     END;
 
     deltas := deltas - busy - quarantined;
     IF busy > 0 THEN
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgcounters.%I WHERE id < $1)', v_queue)
-        INTO ahead USING v_first_requeued;
+        -- deltas between this batch and the ones it put back (a scan above the batch's
+        -- ids: below them, the index holds the entries of the rows just deleted)
+        EXECUTE format(
+            'SELECT EXISTS (SELECT 1 FROM pgcounters.%I WHERE id > $1 AND id < $2)', v_queue)
+        INTO ahead USING v_last_claimed, v_first_requeued;
     END IF;
     IF deltas > 0 OR busy > 0 OR quarantined > 0 THEN
         PERFORM pgcounters._record_drain(
@@ -737,7 +748,7 @@ $$;
 CREATE FUNCTION pgcounters._drain_carefully(
     p_limit integer, p_unlogged boolean, p_sole boolean, p_skip text, p_broken integer[],
     OUT deltas bigint, OUT keys bigint, OUT busy bigint, OUT quarantined bigint,
-    OUT first_requeued bigint
+    OUT first_requeued bigint, OUT last_claimed bigint
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -784,6 +795,7 @@ BEGIN
         RETURN;
     END IF;
     deltas := cardinality(v_rows);
+    SELECT max(r.id) INTO last_claimed FROM unnest(v_rows) AS r;
 
     FOR g IN
         SELECT r.target_id, r.key, sum(r.delta) AS delta, count(*) AS n,
@@ -814,6 +826,9 @@ BEGIN
             ELSIF t.id = ANY (p_broken) THEN
                 NULL;  -- not claimed (left out above)
             ELSE
+                -- here in target order, not table order: try only, never wait
+                PERFORM pg_try_advisory_xact_lock(hashtext('pgcounters.parents'),
+                        hashtext(format('%I.%I', t.target_schema, t.target_table)));
                 SELECT l.locked, l.busy INTO v_lock
                   FROM pgcounters._lock_parents(t.target_schema, t.target_table,
                        t.target_key_column, t.key_types[1], ARRAY[v_key[1]]) AS l;
