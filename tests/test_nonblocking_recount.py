@@ -89,6 +89,12 @@ def test_a_recount_beside_an_application_holding_parent_rows_never_deadlocks(
     result = outcome[0]
     assert isinstance(result, RecountResult), result
     assert (result.keys_done, result.keys_fixed, result.busy_keys) == (5, 5, 1)
+    recorded = blog.execute(
+        "SELECT keys_done, keys_fixed, finished_at IS NOT NULL FROM pgcounters.recounts"
+        " WHERE name = %s",
+        (SPEC,),
+    ).fetchone()
+    assert recorded == (5, 5, True)
     assert deadlocks(blog) == before
     assert verify(blog, SPEC).ok
 
