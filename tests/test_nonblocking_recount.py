@@ -12,8 +12,9 @@ import psycopg
 import pytest
 
 import blog_schema
-from pgcounters import BatchAborted, cli
+from pgcounters import BatchAborted, Counters, cli
 from pgcounters.recount import RecountResult, recount, verify
+from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
 from pgcounters.triggers import install
 from support import tamper, wait_for
 
@@ -88,6 +89,12 @@ def test_a_recount_beside_an_application_holding_parent_rows_never_deadlocks(
     result = outcome[0]
     assert isinstance(result, RecountResult), result
     assert (result.keys_done, result.keys_fixed, result.busy_keys) == (5, 5, 1)
+    recorded = blog.execute(
+        "SELECT keys_done, keys_fixed, finished_at IS NOT NULL FROM pgcounters.recounts"
+        " WHERE name = %s",
+        (SPEC,),
+    ).fetchone()
+    assert recorded == (5, 5, True)
     assert deadlocks(blog) == before
     assert verify(blog, SPEC).ok
 
@@ -204,3 +211,68 @@ def test_a_recount_that_cannot_get_through_stops_with_one_line_and_exit_1(
     lines = [line for line in err.splitlines() if line.startswith("pgcounters: error:")]
     assert len(lines) == 1
     assert "Traceback" not in err
+
+
+def test_direct_mode_writing_for_user_b_then_a_beside_a_drain_and_a_recount(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Direct mode's contract: the writer's transaction locks user B's row (its first
+    notification), then user A's. A drain (queued counter on the same table) and a recount
+    (of the direct counter) run in between: neither waits for B while holding A, so the
+    application's second write goes through and nothing deadlocks."""
+    conn.execute(
+        "CREATE TABLE app_user (id bigint PRIMARY KEY, unread bigint NOT NULL DEFAULT 0,"
+        " received bigint NOT NULL DEFAULT 0);"
+        " CREATE TABLE notification (id bigserial PRIMARY KEY, user_id bigint NOT NULL,"
+        " read boolean NOT NULL DEFAULT false);"
+        " INSERT INTO app_user (id) VALUES (1), (2)"
+    )
+    unread = CounterSpec(
+        name="user.unread",
+        source="notification",
+        keys=("user_id",),
+        target=ColumnTarget("app_user", "unread"),
+        where=Fragment("NOT read"),
+        mode="direct",
+    )
+    received = CounterSpec(
+        name="user.received",
+        source="notification",
+        keys=("user_id",),
+        target=ColumnTarget("app_user", "received"),
+        mode="queued",
+    )
+    install(conn, [unread, received])
+    conn.execute("INSERT INTO notification (user_id) VALUES (1), (2), (2)")
+    conn.execute("UPDATE app_user SET unread = 50")  # wrong, for the recount
+    before = deadlocks(conn)
+    app = psycopg.connect(dsn)
+    app.execute("INSERT INTO notification (user_id) VALUES (2)")  # user B's row locked
+    pc = Counters(conn)
+    batch = pc.drain_queue_batch(100)
+    assert (batch.deltas, batch.busy) == (1, 1)  # user A applied, user B's left queued
+    outcome: list[object] = []
+
+    def run() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            try:
+                outcome.append(recount(c, unread.name, batch_size=10))
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: lock_waiters(conn) == 1)  # the recount waits for B, holding nothing
+        app.execute("INSERT INTO notification (user_id) VALUES (1)")  # then user A's
+        app.commit()
+    finally:
+        app.close()
+        thread.join(timeout=60)
+    assert isinstance(outcome[0], RecountResult), outcome
+    assert deadlocks(conn) == before
+    pc.drain()
+    assert conn.execute("SELECT id, unread, received FROM app_user ORDER BY id").fetchall() == [
+        (1, 2, 2),
+        (2, 3, 3),
+    ]

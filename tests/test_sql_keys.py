@@ -114,3 +114,38 @@ def test_add_direct_canonicalises_and_refuses(conn: psycopg.Connection[Any], pc:
         conn.execute("SELECT pgcounters.add_direct(%s, %s, %s)", ([t], ["{x}"], [1]))
     with pytest.raises(InvalidKey), translated():
         conn.execute("SELECT pgcounters.add_direct(%s, %s, %s)", ([t], ["{3"], [1]))
+
+
+def test_the_upgrade_rekeys_what_sql_callers_wrote_before(empty_dsn: str) -> None:
+    """Before schema version 8, SQL callers could write '007' next to '7' (a count split
+    in two) and an upper-case UUID: the upgrade folds them into the canonical keys."""
+    from pgcounters import sqlfiles
+    from pgcounters.schema import upgrade
+
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        with conn.transaction():
+            for migration in sqlfiles.migrations():
+                if migration.version <= 7:
+                    conn.execute(migration.sql.encode())
+                    conn.execute(
+                        sqlfiles.query("record_migration"),
+                        {"version": migration.version, "name": migration.name},
+                    )
+        conn.execute("SELECT pgcounters.create_counter('n', '{bigint,uuid}', 'queued')")
+        conn.execute("SELECT pgcounters.create_counter('t', '{text}', 'queued')")
+        for key, delta in ((["7", str(U)], 1), (["007", str(U).upper()], 2), (["+7", U.hex], 4)):
+            conn.execute("SELECT pgcounters.incr('n', %s::text[], %s)", (key, delta))
+        conn.execute("SELECT pgcounters.incr('t', '{007}', 1)")
+        conn.execute("SELECT pgcounters.drain_batch(100)")  # stored, split in three
+        conn.execute("SELECT pgcounters.incr('n', %s::text[], 8)", (["0007", str(U)],))
+        conn.execute(
+            "INSERT INTO pgcounters.queue (target_id, key, delta)"
+            " SELECT id, '{abc', 16 FROM pgcounters.targets WHERE name = 'n'"
+        )
+        assert upgrade(conn) == [8]
+        pc = Counters(conn)
+        assert pc.top("n") == [((7, U), 7)]
+        assert pc.top("t") == [(("007",), 1)]  # text keys are kept as written
+        result = pc.drain()
+        assert (result.deltas, result.quarantined) == (1, 1)
+        assert pc.top("n") == [((7, U), 15)]

@@ -216,6 +216,7 @@ def _cmd_drain(args: argparse.Namespace, dsn: str) -> int:
             "deltas": result.deltas, "keys": result.keys, "batches": result.batches,
             "seconds": round(result.seconds, 6), "deltas_per_second": round(result.rate, 1),
             "remaining": {"logged": logged, "unlogged": unlogged},
+            "busy": result.busy, "quarantined": result.quarantined,
             "stopped_by_signal": signals.received > 0, "exit_code": code,
         }))  # fmt: skip
     elif not args.quiet:
@@ -223,6 +224,12 @@ def _cmd_drain(args: argparse.Namespace, dsn: str) -> int:
             f"applied {result.deltas} deltas to {result.keys} keys in {result.batches} batches, "
             f"{result.seconds:.3f}s ({result.rate:,.0f} deltas/s); "
             f"{logged + unlogged} still queued"
+            + (f" ({result.busy} waiting for rows other transactions hold)" if result.busy else "")
+            + (
+                f"; {result.quarantined} set aside (`pgcounters quarantine list`)"
+                if result.quarantined
+                else ""
+            )
         )
     return code
 

@@ -615,6 +615,11 @@ def _recount_busy_key(
             fixed, _ = _recount_column(conn, spec, target, [key], wait=True)
         else:
             fixed, _ = _recount_named(conn, spec, target, [key], wait=True)
+        conn.execute(
+            "UPDATE pgcounters.recounts SET keys_done = keys_done + 1,"
+            " keys_fixed = keys_fixed + %s, updated_at = now() WHERE name = %s",
+            (fixed, spec.name),
+        )
         return fixed
 
     if not column:

@@ -94,6 +94,73 @@ BEGIN
 END;
 $$;
 
+-- Keys written before this version by SQL callers may not be canonical ('007'
+-- next to '7'): they split a count and could not be read back by the client.
+-- Named counters' stored rows and queued deltas are re-keyed once, here; keys
+-- that do not cast are left as they are (the drain sets such deltas aside).
+CREATE FUNCTION pgcounters._is_canonical(p_types text[], p_key text[]) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(bool_and(CASE t.kind
+               WHEN 'bigint' THEN k.part ~ '^-?(0|[1-9][0-9]*)$'
+               WHEN 'uuid' THEN k.part ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+               WHEN 'date' THEN k.part ~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}$'
+               ELSE true END), true)
+      FROM unnest(p_types) WITH ORDINALITY AS t(kind, i)
+      JOIN unnest(p_key) WITH ORDINALITY AS k(part, i) USING (i)
+$$;
+
+DO $$
+DECLARE
+    t pgcounters.targets;
+    r record;
+    v_key text[];
+BEGIN
+    FOR t IN
+        SELECT * FROM pgcounters.targets
+         WHERE target_table IS NULL AND key_types && ARRAY['bigint', 'uuid', 'date']
+         ORDER BY id
+    LOOP
+        FOR r IN
+            SELECT c.key, c.value FROM pgcounters.counters AS c
+             WHERE c.target_id = t.id AND NOT pgcounters._is_canonical(t.key_types, c.key)
+        LOOP
+            BEGIN
+                v_key := pgcounters._canonical_key(t, r.key);
+            EXCEPTION WHEN sqlstate 'PC004' THEN
+                CONTINUE;
+            END;
+            DELETE FROM pgcounters.counters WHERE target_id = t.id AND key = r.key;
+            INSERT INTO pgcounters.counters AS c (target_id, key, value)
+            VALUES (t.id, v_key, r.value)
+            ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value;
+        END LOOP;
+        -- queued keys: only simple arrays (no quotes or nesting) can be cast safely in
+        -- the filter; a non-text part never needs quotes in its canonical form
+        FOR r IN
+            SELECT 'queue' AS queue, q.id, q.key FROM pgcounters.queue AS q
+             WHERE q.target_id = t.id
+               AND CASE WHEN q.key ~ '^\{[^{}"\\]*\}$'
+                        THEN NOT pgcounters._is_canonical(t.key_types, q.key::text[])
+                        ELSE false END
+            UNION ALL
+            SELECT 'queue_unlogged', q.id, q.key FROM pgcounters.queue_unlogged AS q
+             WHERE q.target_id = t.id
+               AND CASE WHEN q.key ~ '^\{[^{}"\\]*\}$'
+                        THEN NOT pgcounters._is_canonical(t.key_types, q.key::text[])
+                        ELSE false END
+        LOOP
+            BEGIN
+                v_key := pgcounters._canonical_key(t, r.key::text[]);
+            EXCEPTION WHEN sqlstate 'PC004' OR invalid_text_representation THEN
+                CONTINUE;
+            END;
+            EXECUTE format('UPDATE pgcounters.%I SET key = $1 WHERE id = $2', r.queue)
+            USING v_key::text, r.id;
+        END LOOP;
+    END LOOP;
+END;
+$$;
+
 -- incr (as in version 6) with canonical keys.
 CREATE OR REPLACE FUNCTION pgcounters.incr(
     p_name text, p_key text[] DEFAULT '{}', p_delta bigint DEFAULT 1
@@ -168,6 +235,22 @@ BEGIN
        OR coalesce(array_length(p_targets, 1), 0) <> coalesce(array_length(p_deltas, 1), 0) THEN
         RAISE EXCEPTION 'add_direct needs as many keys and deltas as targets'
             USING ERRCODE = 'PC004';
+    END IF;
+    IF array_length(p_targets, 1) = 1 AND p_keys[1] ~ '^\{-?(0|[1-9][0-9]{0,17})\}$' THEN
+        -- one increment with one integer key already canonical (the client's, a
+        -- trigger's): no cast to check, no subtransaction
+        SELECT * INTO v_target FROM pgcounters.targets WHERE id = p_targets[1];
+        IF NOT FOUND OR v_target.mode <> 'direct' OR v_target.target_table IS NOT NULL THEN
+            RAISE EXCEPTION 'counter id % is not a named counter in direct mode', p_targets[1]
+                USING ERRCODE = 'PC003';
+        END IF;
+        IF v_target.key_types = '{bigint}' AND p_deltas[1] IS NOT NULL THEN
+            INSERT INTO pgcounters.counters AS c (target_id, key, value)
+            VALUES (v_target.id, p_keys[1]::text[], p_deltas[1])
+            ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
+            RETURNING c.value INTO v_value;
+            RETURN v_value;
+        END IF;
     END IF;
     FOR i IN 1 .. coalesce(array_length(p_targets, 1), 0) LOOP
         IF v_target.id IS DISTINCT FROM p_targets[i] THEN
@@ -455,6 +538,12 @@ BEGIN
          GROUP BY 1, 2, 3, 4
          ORDER BY 1, 2, 3, 4
     LOOP
+        -- drainers take turns on a table (tables in name order, so they cannot wait for
+        -- each other in a cycle): without this, a second drainer finds every row the
+        -- first one holds busy and puts its deltas back. A drainer holding this lock
+        -- waits for nothing (SKIP LOCKED below), so the wait is always short.
+        PERFORM pg_advisory_xact_lock(hashtext('pgcounters.parents'),
+                                      hashtext(format('%I.%I', c.s, c.r)));
         SELECT l.locked, l.busy INTO v_locked, v_busy
           FROM pgcounters._lock_parents(c.s, c.r, c.k, c.key_type, c.ks) AS l;
         FOR t IN
@@ -545,6 +634,7 @@ DECLARE
     v_message text;
     v_column_keys bigint;
     v_column_busy bigint;
+    v_last_claimed bigint;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'batch size must be a positive integer, got %', p_limit
@@ -577,7 +667,7 @@ BEGIN
             ), claimed AS (
                 DELETE FROM pgcounters.%1$I AS q
                  WHERE $q$ || v_claim || v_skip || $q$
-                RETURNING q.target_id, q.key, q.delta, q.created_at
+                RETURNING q.id, q.target_id, q.key, q.delta, q.created_at
             ), summed AS (
                 SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n,
                        min(created_at) AS created_at
@@ -600,11 +690,12 @@ BEGIN
                    $q$ || CASE WHEN v_sole THEN '(SELECT lo FROM head)' ELSE 'NULL::bigint' END || $q$,
                    count(*) FILTER (WHERE t.id IS NULL
                        OR coalesce(array_length(s.key, 1), 0)
-                          <> coalesce(array_length(t.key_types, 1), 0))
+                          <> coalesce(array_length(t.key_types, 1), 0)),
+                   (SELECT max(c.id) FROM claimed AS c)
               FROM summed s
               LEFT JOIN pgcounters.targets t ON t.id = s.target_id
         $q$, v_queue)
-        INTO v_claimed, keys, v_columns, v_head, v_orphans
+        INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed
         USING p_limit, v_broken;
         -- a range found empty while the queue was not: another drainer held it and
         -- took it; claim again from the new head (each round sees a newer snapshot)
@@ -628,15 +719,18 @@ BEGIN
         IF NOT pgcounters._quarantinable(v_state) THEN
             RAISE;
         END IF;
-        SELECT d.deltas, d.keys, d.busy, d.quarantined, d.first_requeued
-          INTO deltas, keys, busy, quarantined, v_first_requeued
+        SELECT d.deltas, d.keys, d.busy, d.quarantined, d.first_requeued, d.last_claimed
+          INTO deltas, keys, busy, quarantined, v_first_requeued, v_last_claimed
           FROM pgcounters._drain_carefully(p_limit, p_unlogged, v_sole, v_skip, v_broken) AS d;
     END;
 
     deltas := deltas - busy - quarantined;
     IF busy > 0 THEN
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgcounters.%I WHERE id < $1)', v_queue)
-        INTO ahead USING v_first_requeued;
+        -- deltas between this batch and the ones it put back (a scan above the batch's
+        -- ids: below them, the index holds the entries of the rows just deleted)
+        EXECUTE format(
+            'SELECT EXISTS (SELECT 1 FROM pgcounters.%I WHERE id > $1 AND id < $2)', v_queue)
+        INTO ahead USING v_last_claimed, v_first_requeued;
     END IF;
     IF deltas > 0 OR busy > 0 OR quarantined > 0 THEN
         PERFORM pgcounters._record_drain(
@@ -654,7 +748,7 @@ $$;
 CREATE FUNCTION pgcounters._drain_carefully(
     p_limit integer, p_unlogged boolean, p_sole boolean, p_skip text, p_broken integer[],
     OUT deltas bigint, OUT keys bigint, OUT busy bigint, OUT quarantined bigint,
-    OUT first_requeued bigint
+    OUT first_requeued bigint, OUT last_claimed bigint
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -701,6 +795,7 @@ BEGIN
         RETURN;
     END IF;
     deltas := cardinality(v_rows);
+    SELECT max(r.id) INTO last_claimed FROM unnest(v_rows) AS r;
 
     FOR g IN
         SELECT r.target_id, r.key, sum(r.delta) AS delta, count(*) AS n,
@@ -731,6 +826,9 @@ BEGIN
             ELSIF t.id = ANY (p_broken) THEN
                 NULL;  -- not claimed (left out above)
             ELSE
+                -- here in target order, not table order: try only, never wait
+                PERFORM pg_try_advisory_xact_lock(hashtext('pgcounters.parents'),
+                        hashtext(format('%I.%I', t.target_schema, t.target_table)));
                 SELECT l.locked, l.busy INTO v_lock
                   FROM pgcounters._lock_parents(t.target_schema, t.target_table,
                        t.target_key_column, t.key_types[1], ARRAY[v_key[1]]) AS l;
@@ -841,6 +939,7 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION
     pgcounters._remember_dropped(),
+    pgcounters._is_canonical(text[], text[]),
     pgcounters._canonical_key(pgcounters.targets, text[]),
     pgcounters._quarantinable(text),
     pgcounters._record_drain(boolean, bigint, bigint, double precision, bigint, bigint),
