@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ("pgcounters", "0009_counter_columns"),
+        ("pgcounters", "0010_counter_columns"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -8,7 +8,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
     dependencies = [
         ("blog", "0003_triggers_group_by_key"),
-        ("pgcounters", "0009_counter_columns"),
+        ("pgcounters", "0010_counter_columns"),
     ]
 
     operations = [

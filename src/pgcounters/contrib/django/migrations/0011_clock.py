@@ -5,5 +5,5 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 
 class Migration(migrations.Migration):
     initial = False
-    dependencies = [("pgcounters", "0011_standby_reads")]
-    operations = [ApplySchemaMigration(12)]
+    dependencies = [("pgcounters", "0010_counter_columns")]
+    operations = [ApplySchemaMigration(10)]

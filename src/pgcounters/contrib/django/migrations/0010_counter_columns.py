@@ -5,5 +5,5 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 
 class Migration(migrations.Migration):
     initial = False
-    dependencies = [("pgcounters", "0010_clock")]
-    operations = [ApplySchemaMigration(11)]
+    dependencies = [("pgcounters", "0009_drain_quarantine")]
+    operations = [ApplySchemaMigration(9)]

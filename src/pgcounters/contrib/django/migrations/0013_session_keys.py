@@ -5,5 +5,5 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 
 class Migration(migrations.Migration):
     initial = False
-    dependencies = [("pgcounters", "0100_drain_quarantine")]
-    operations = [ApplySchemaMigration(9)]
+    dependencies = [("pgcounters", "0012_standby_reads")]
+    operations = [ApplySchemaMigration(12)]

@@ -5,5 +5,5 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 
 class Migration(migrations.Migration):
     initial = False
-    dependencies = [("pgcounters", "0009_counter_columns")]
-    operations = [ApplySchemaMigration(10)]
+    dependencies = [("pgcounters", "0011_clock")]
+    operations = [ApplySchemaMigration(11)]
