@@ -244,7 +244,7 @@ def test_direct_mode_writing_for_user_b_then_a_beside_a_drain_and_a_recount(
     )
     install(conn, [unread, received])
     conn.execute("INSERT INTO notification (user_id) VALUES (1), (2), (2)")
-    conn.execute("UPDATE app_user SET unread = 50")  # wrong, for the recount
+    tamper(conn, "UPDATE app_user SET unread = 50")  # wrong, for the recount
     before = deadlocks(conn)
     app = psycopg.connect(dsn)
     app.execute("INSERT INTO notification (user_id) VALUES (2)")  # user B's row locked
