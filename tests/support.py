@@ -73,3 +73,22 @@ def set_database_clock(conn: psycopg.Connection[Any], instant: dt.datetime) -> N
         )
     )
     set_clock(conn, instant)
+
+
+def lock_waiters(conn: psycopg.Connection[Any]) -> int:
+    """Backends of this database waiting for a lock now (``pg_stat_activity``)."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def deadlocks(conn: psycopg.Connection[Any]) -> int:
+    """Deadlocks PostgreSQL has detected in this database (``pg_stat_database``, read
+    afresh: not from a statistics snapshot the transaction may hold)."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0

@@ -12,17 +12,9 @@ import pytest
 from pgcounters import Counters
 from pgcounters.client import DrainResult
 from pgcounters.worker import Worker, WorkerSettings
-from support import wait_for
+from support import lock_waiters, wait_for
 
 ENQUEUE = "INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s, 1)"
-
-
-def lock_waiters(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-    ).fetchone()
-    return int(row[0]) if row else 0
 
 
 def other_drainer_holds_the_head(dsn: str, rows: int) -> psycopg.Connection[Any]:

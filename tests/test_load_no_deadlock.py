@@ -17,6 +17,7 @@ from pgcounters.recount import recount
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
 from pgcounters.triggers import install
 from pgcounters.worker import Worker, WorkerSettings
+from support import deadlocks
 
 THREADS = 4
 TRANSACTIONS = 100  # per application thread
@@ -80,14 +81,6 @@ SPECS = [
         mode="unlogged",
     ),
 ]
-
-
-def deadlocks(conn: psycopg.Connection[Any]) -> int:
-    conn.execute("SELECT pg_stat_clear_snapshot()")
-    row = conn.execute(
-        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
-    ).fetchone()
-    return int(row[0]) if row else 0
 
 
 def application(dsn: str, index: int, errors: list[BaseException]) -> None:

@@ -14,22 +14,7 @@ import pytest
 from pgcounters import Counters
 from pgcounters.client import BatchResult, Mode
 from pgcounters.worker import Worker, WorkerSettings
-from support import wait_for
-
-
-def lock_waiters(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-    ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def deadlocks(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
-    ).fetchone()
-    return int(row[0]) if row else 0
+from support import deadlocks, lock_waiters, wait_for
 
 
 def articles(conn: psycopg.Connection[Any], pc: Counters, mode: Mode = "queued") -> int:

@@ -16,24 +16,9 @@ from pgcounters import BatchAborted, Counters, cli
 from pgcounters.recount import RecountResult, recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
 from pgcounters.triggers import install
-from support import tamper, wait_for
+from support import deadlocks, lock_waiters, tamper, wait_for
 
 SPEC = "blog.article.public_comments"
-
-
-def lock_waiters(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-    ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def deadlocks(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
-    ).fetchone()
-    return int(row[0]) if row else 0
 
 
 def retries(conn: psycopg.Connection[Any], operation: str) -> int:
