@@ -670,7 +670,7 @@ BEGIN
                 RETURNING q.id, q.target_id, q.key, q.delta, q.created_at
             ), summed AS (
                 SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n,
-                       min(created_at) AS created_at
+                       min(created_at) AS created_at, max(id) AS last_id
                   FROM claimed
                  GROUP BY target_id, claimed.key
             ), named AS (
@@ -691,7 +691,7 @@ BEGIN
                    count(*) FILTER (WHERE t.id IS NULL
                        OR coalesce(array_length(s.key, 1), 0)
                           <> coalesce(array_length(t.key_types, 1), 0)),
-                   (SELECT max(c.id) FROM claimed AS c)
+                   max(s.last_id)
               FROM summed s
               LEFT JOIN pgcounters.targets t ON t.id = s.target_id
         $q$, v_queue)
