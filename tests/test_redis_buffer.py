@@ -324,8 +324,8 @@ def test_old_flush_records_are_pruned_but_not_while_in_doubt(
     with pytest.raises(RuntimeError):
         buf.flush()
     buf.after_commit = None
-    # age every record past the retention
-    conn.execute("UPDATE pgcounters.buffer_flushes SET applied_at = now() - interval '2 days'")
+    # age every record past the retention (7 days)
+    conn.execute("UPDATE pgcounters.buffer_flushes SET applied_at = now() - interval '8 days'")
     buf.incr("c")
     with RedisBuffer(dsn, server.url()) as other:
         # this flush prunes old records, except the one still in flight
@@ -335,8 +335,13 @@ def test_old_flush_records_are_pruned_but_not_while_in_doubt(
     buf.incr("c")
     conn.execute("UPDATE pgcounters.buffer_flushes SET applied_at = now() - interval '2 days'")
     buf.flush()
+    assert flush_count(conn) == 3  # within the retention: kept
+    buf.incr("c")
+    conn.execute("UPDATE pgcounters.buffer_flushes SET applied_at = now() - interval '2 days'")
+    conn.execute("UPDATE pgcounters.buffer_settings SET retention = '1 day'")  # the owner's
+    buf.flush()
     assert flush_count(conn) == 1  # only the newest remains
-    assert pc.get("c") == 3
+    assert pc.get("c") == 4
 
 
 def test_two_flushers_recovering_the_same_flush_apply_it_once(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -446,3 +447,26 @@ def test_app_role_reads_only_the_counter_columns_of_a_parent(
         security.revoke(setup, role)
         setup.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
         setup.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))  # for cleanup
+
+
+def test_app_role_cannot_purge_the_flush_records_that_make_flushes_count_once(
+    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+) -> None:
+    """A flush in doubt is looked up by its record: an application role that could delete
+    records (a retention of its choosing) could make it count twice."""
+    setup.execute(
+        "INSERT INTO pgcounters.buffer_flushes (flush_id, buffer, keys, total, applied_at)"
+        " VALUES (repeat('a', 32), 'default', 1, 1, now() - interval '2 days'),"
+        " (repeat('b', 32), 'default', 1, 1, now())"
+    )
+    with pytest.raises(pg.UndefinedFunction):  # version 4's form, with a retention, is gone
+        app.execute("SELECT pgcounters.record_flush(md5('x'), 'default', 0, 0, '-100 years', '{}')")
+    assert app.execute(
+        "SELECT pgcounters.record_flush(md5('x'), 'default', 0, 0, '{}')"
+    ).fetchone() == (True,)
+    kept = setup.execute("SELECT flush_id FROM pgcounters.buffer_flushes ORDER BY 1").fetchall()
+    assert kept == [(hashlib.md5(b"x").hexdigest(),), ("a" * 32,), ("b" * 32,)]
+    with pytest.raises(pg.InsufficientPrivilege):
+        app.execute("UPDATE pgcounters.buffer_settings SET retention = '1 hour'")
+    with pytest.raises(pg.InsufficientPrivilege):
+        app.execute("DELETE FROM pgcounters.buffer_flushes")

@@ -40,7 +40,6 @@ committed: a rolled-back request counts nothing.
 from __future__ import annotations
 
 import atexit
-import datetime as dt
 import logging
 import os
 import threading
@@ -62,7 +61,6 @@ from pgcounters.errors import (
     InvalidDelta,
 )
 from pgcounters.flushlog import (
-    DEFAULT_RETENTION,
     DbLink,
     EncodedIncrement,
     check_buffer_name,
@@ -175,7 +173,6 @@ class BatchingCounters:
         flush_at_exit: bool = True,
         buffer: str = "batching",
         on_error: Callable[[BaseException], object] | None = None,
-        retention: dt.timedelta = DEFAULT_RETENTION,
     ) -> None:
         for label, value in (("max_pending", max_pending), ("max_buffered", max_buffered)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -190,7 +187,6 @@ class BatchingCounters:
         self.max_buffered = max_buffered
         self.interval = interval
         self.buffer = check_buffer_name(buffer)
-        self.retention = retention
         self.on_error = on_error
         self.last_error: BaseException | None = None
         self._link = DbLink(database)
@@ -354,7 +350,6 @@ class BatchingCounters:
                     batch.flush_id,
                     self.buffer,
                     items,
-                    retention=self.retention,
                     redeclared=self._link.redeclared,
                 )
             except BaseException as exc:

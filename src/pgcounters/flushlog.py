@@ -9,7 +9,6 @@ once (DESIGN rule 9).
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import re
 import threading
@@ -33,7 +32,6 @@ from pgcounters.keys import decode_key
 from pgcounters.sqlfiles import query
 
 BUFFER_NAME_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
-DEFAULT_RETENTION = dt.timedelta(days=1)
 _INHERITED: list[psycopg.Connection[Any]] = []  # connections of a parent process, never closed
 
 
@@ -143,7 +141,6 @@ def write_flush(
     buffer: str,
     rows: Sequence[EncodedIncrement],
     *,
-    retention: dt.timedelta = DEFAULT_RETENTION,
     keep: Iterable[str] = (),
     redeclared: Callable[[Counter], None] | None = None,
 ) -> bool:
@@ -178,7 +175,6 @@ def write_flush(
                 "buffer": buffer,
                 "keys": len(rows),
                 "total": total,
-                "retention": retention,
                 "keep": list(keep),
             },
         )

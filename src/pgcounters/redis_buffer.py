@@ -49,7 +49,6 @@ warning), never applied twice. See docs/event-counters.md.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import os
@@ -80,7 +79,6 @@ from pgcounters.errors import (
     UnknownCounter,
 )
 from pgcounters.flushlog import (
-    DEFAULT_RETENTION,
     DbLink,
     EncodedIncrement,
     check_buffer_name,
@@ -298,7 +296,6 @@ class RedisBuffer:
         name: str = "default",
         prefix: str = "pgcounters",
         fallback: Fallback = "raise",
-        retention: dt.timedelta = DEFAULT_RETENTION,
         slots: int | None = None,
     ) -> None:
         if fallback not in ("raise", "database"):
@@ -306,7 +303,6 @@ class RedisBuffer:
         self.name = check_buffer_name(name)
         self.prefix = check_buffer_name(prefix)
         self.fallback: Fallback = fallback
-        self.retention = retention
         self.redis: AnyRedis
         if isinstance(redis_client, redis.Redis | RedisCluster):
             if _retries(redis_client):
@@ -569,7 +565,6 @@ class RedisBuffer:
                     flush_id,
                     self.name,
                     items,
-                    retention=self.retention,
                     keep=in_doubt,
                     redeclared=self._link.redeclared,
                 )

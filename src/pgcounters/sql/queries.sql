@@ -224,8 +224,7 @@ SELECT set_config('pgcounters.paused', %(value)s, false)
 SELECT coalesce(current_setting('pgcounters.paused', true), '')
 
 -- name: record_flush
-SELECT pgcounters.record_flush(
-    %(flush_id)s, %(buffer)s, %(keys)s, %(total)s, %(retention)s::interval, %(keep)s::text[]);
+SELECT pgcounters.record_flush(%(flush_id)s, %(buffer)s, %(keys)s, %(total)s, %(keep)s::text[]);
 
 -- name: flush_recorded
 SELECT EXISTS (SELECT 1 FROM pgcounters.buffer_flushes WHERE flush_id = %(flush_id)s);

@@ -92,6 +92,52 @@ END;
 $$;
 
 -- ---------------------------------------------------------------------------
+-- Flush records: no caller decides how long they are kept
+-- ---------------------------------------------------------------------------
+-- A buffer's flush records are what makes a flush in doubt count once: a
+-- record deleted while its flush may still be retried lets it count twice.
+-- Version 4's record_flush (a SECURITY DEFINER function the application role
+-- may call) deleted the buffer's records older than a retention the caller
+-- chose: '-100 years' deleted them all. The retention is now the owner's, in
+-- pgcounters.buffer_settings (7 days unless changed). The caller still names
+-- the flushes it holds in doubt (p_keep): that list can only keep records.
+
+CREATE TABLE pgcounters.buffer_settings (
+    one_row boolean PRIMARY KEY DEFAULT true CHECK (one_row),
+    retention interval NOT NULL DEFAULT '7 days' CHECK (retention >= interval '1 hour')
+);
+INSERT INTO pgcounters.buffer_settings DEFAULT VALUES;
+
+DROP FUNCTION pgcounters.record_flush(text, text, integer, numeric, interval, text[]);
+
+CREATE FUNCTION pgcounters.record_flush(
+    p_flush_id text,
+    p_buffer text,
+    p_keys integer,
+    p_total numeric,
+    p_keep text[] DEFAULT '{}'
+) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
+BEGIN
+    INSERT INTO pgcounters.buffer_flushes (flush_id, buffer, keys, total)
+    VALUES (p_flush_id, p_buffer, p_keys, p_total)
+    ON CONFLICT (flush_id) DO NOTHING;
+    IF NOT FOUND THEN
+        UPDATE pgcounters.buffer_flushes SET applied_at = now() WHERE flush_id = p_flush_id;
+        RETURN false;
+    END IF;
+    DELETE FROM pgcounters.buffer_flushes
+     WHERE buffer = p_buffer
+       AND applied_at < now() - (SELECT retention FROM pgcounters.buffer_settings)
+       AND flush_id <> ALL (coalesce(p_keep, '{}'));
+    RETURN true;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION pgcounters.record_flush(text, text, integer, numeric, text[])
+    FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------
 -- The application role: only what counters need, and all of it revocable
 -- ---------------------------------------------------------------------------
 -- Version 6 granted SELECT on the whole parent table of a column counter (a
@@ -134,7 +180,7 @@ BEGIN
             ' pgcounters._check_subject(text),'
             ' pgcounters.quota_window_start(text, bigint, text, timestamptz),'
             ' pgcounters.quota_window_end(text, bigint, text, timestamptz),'
-            ' pgcounters.record_flush(text, text, integer, numeric, interval, text[]),'
+            ' pgcounters.record_flush(text, text, integer, numeric, text[]),'
             ' pgcounters.wakeup_interval_ms() TO %I'
     ]);
     FOR t IN
