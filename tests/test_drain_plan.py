@@ -1,4 +1,4 @@
-"""The drain's claim keeps its index plan on a large queue (DESIGN rule 2).
+"""The drain's claim keeps its index plan on a large queue.
 
 Checked through PostgreSQL's own statistics, not through timing: a batch of
 1000 deltas out of 1M queued must not scan the queue sequentially.

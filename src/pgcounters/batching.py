@@ -1,4 +1,4 @@
-"""The batching incrementer: increments buffered in the process, written in batches (S10).
+"""The batching incrementer: increments buffered in the process, written in batches.
 
 :class:`BatchingCounters` keeps increments in memory, netted per counter and
 key, and writes them to PostgreSQL as one transaction (a COPY

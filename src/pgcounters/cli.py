@@ -337,7 +337,7 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
         help="a key part type; repeat for composite keys; none for a global counter",
     )
     p.add_argument("--mode", choices=MODES, default="queued")
-    p.add_argument("--table", help="keep values in a column of this table (S2)")
+    p.add_argument("--table", help="keep values in a column of this table")
     p.add_argument("--column", help="the counter column (default: the counter name)")
     p.add_argument("--key-column", default="id", help="the column identifying a row (default: id)")
 

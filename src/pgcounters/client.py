@@ -71,7 +71,7 @@ class Counter:
 
     @property
     def is_column(self) -> bool:
-        """True when the values live in a column of a user table (S2)."""
+        """True when the values live in a column of a user table."""
         return self.table is not None
 
     def _identifiers(self) -> dict[str, sql.Composable]:
@@ -199,7 +199,7 @@ class Counters:
         key_column: str = "id",
         mode: Mode = "queued",
     ) -> Counter:
-        """Declare a counter kept in ``table.column``, one value per ``key_column`` (S2).
+        """Declare a counter kept in ``table.column``, one value per ``key_column``.
 
         ``table`` is an SQL name, as PostgreSQL reads it, optionally
         schema-qualified (``"blog.article"``; a name that needs quoting is

@@ -5,7 +5,7 @@ For each spec it emits four statement-level AFTER triggers on the source table:
 * INSERT (``REFERENCING NEW TABLE``): +contribution of each new row, one delta
   per key for the whole statement;
 * UPDATE (``OLD TABLE`` and ``NEW TABLE``): -contribution of the old rows,
-  +contribution of the new rows, netted per key (DESIGN rule 6): condition
+  +contribution of the new rows, netted per key: condition
   flips, moves to another parent, changed summed values and NULL keys all
   follow from this one rule, and a key whose net change is zero gets no delta;
 * DELETE (``OLD TABLE``): -contribution of each deleted row;
@@ -342,7 +342,7 @@ def rows_delta_sql(spec: CounterSpec, context: AdaptContext) -> str:
 
 
 def truth_query(spec: CounterSpec, extra: sql.Composable | None = None) -> sql.Composed:
-    """The S1 truth: ``SELECT key, value`` counted from the source table itself."""
+    """The truth: ``SELECT key, value`` counted from the source table itself."""
     return contributions(spec, spec.source.identifier(), extra=extra)
 
 

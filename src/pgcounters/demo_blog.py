@@ -15,7 +15,7 @@ statement-level triggers. Then, for a while, at the same time:
 * halfway, a counter is broken by hand and every counter is recounted.
 
 Then everything stops, the queues are drained, and every counter is compared
-with the truth (the S1 subquery, :func:`pgcounters.recount.verify`), and the
+with the truth (the subquery, :func:`pgcounters.recount.verify`), and the
 quota's usage with its limit.
 """
 

@@ -1,4 +1,4 @@
-"""Estimated counts from planner statistics (S14), where exactness is not needed.
+"""Estimated counts from planner statistics, where exactness is not needed.
 
 ``count(*)`` of a big table reads all of it. The planner keeps an estimate:
 ``reltuples`` of the table scaled to its current size (what the planner

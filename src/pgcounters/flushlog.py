@@ -4,7 +4,7 @@ Both the batching incrementer and the Redis buffer write a batch of netted
 increments in ONE transaction that also records a flush id in
 ``pgcounters.buffer_flushes`` (migration 0004). A batch whose outcome is in
 doubt is looked up by its id before it is written again, so it is counted
-once (DESIGN rule 9).
+once.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def exact_with_flushes(
     """Exact database value of one counter and which of ``ids`` are recorded, in ONE statement.
 
     One statement means one snapshot: a flush is either counted in the value and
-    listed as recorded, or neither (DESIGN rule 3).
+    listed as recorded, or neither.
     """
     params: dict[str, Any] = {"t": counter.id, "k": list(encoded), "ids": list(ids)}
     exact: sql.Composable

@@ -1,9 +1,9 @@
 """Verify counters against the truth, and recount them while writes go on.
 
-The truth is the S1 subquery compiled from the counter's spec: counting the
+The truth is the subquery compiled from the counter's spec: counting the
 source table itself. ``verify`` compares it with the exact value (stored +
 pending) from one snapshot. ``recount`` repairs values in batches of keys, one
-transaction per batch, while writers and drainers keep running (DESIGN rule 5):
+transaction per batch, while writers and drainers keep running:
 
 1. lock the batch's counter rows (parent rows, or rows of
    ``pgcounters.counters``, created first when missing, in a transaction of

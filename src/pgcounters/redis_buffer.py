@@ -29,7 +29,7 @@ makes sure ``next`` exists). A flush:
    the in-flight set (one ``MULTI``).
 
 A flusher that dies between 3 and 4 leaves ``<id>`` in flight; the next flush
-finds it recorded and only acknowledges it: never counted twice (DESIGN rule 9).
+finds it recorded and only acknowledges it: never counted twice.
 
 **Exact reads** run one Lua script (the ``next`` id, the pending value, the
 value in every in-flight flush) and then ONE SQL statement (the exact database

@@ -125,7 +125,7 @@ class Table:
 
 @dataclass(frozen=True, init=False)
 class ColumnTarget:
-    """A counter column on a parent table (S2), e.g. ``blog_article.public_comments``."""
+    """A counter column on a parent table, e.g. ``blog_article.public_comments``."""
 
     table: Table
     column: str
@@ -157,7 +157,7 @@ class ColumnTarget:
 
 @dataclass(frozen=True)
 class NamedTarget:
-    """A named counter in the generic counters table (S3); ``()`` keys for a global one."""
+    """A named counter in the generic counters table; ``()`` keys for a global one."""
 
     key_types: tuple[KeyType, ...] = ()
 

@@ -56,5 +56,5 @@ class Notification(models.Model):
     read = models.BooleanField(default=False)
 
 
-# a global counter (S3): the number of users
+# a global counter: the number of users
 register_counter("blog.users.total", User)

@@ -220,7 +220,7 @@ def trigger_overhead(dsn: str, repeat: int, quick: bool, *, rows: int | None = N
         "row-level trigger, and with pgcounters' statement-level triggers for two counters "
         "(public comments per article and per user); the tables have the indexes Django "
         f"creates, then (variants '{FK.strip()}') also its deferred foreign key constraints. "
-        "Targets (DESIGN): pgcounters <= 1.25x the insert with no counters, >= 3x faster "
+        "Targets: pgcounters <= 1.25x the insert with no counters, >= 3x faster "
         "than the row-level trigger.",
         unit="rows",
         extra_aggregate="median",
@@ -268,7 +268,7 @@ def top_n(
         f"Top 10 of {articles:,} articles by public comments over {rows:,} comments: the SQL of "
         "Django's annotate(n=Count('comments', filter=Q(comments__publish_status='public')))"
         ".order_by('-n', 'pk')[:10] against the counter column kept by pgcounters, with an "
-        f"index ({slow_queries} and {fast_queries} queries a run). Target (DESIGN): >= 100x.",
+        f"index ({slow_queries} and {fast_queries} queries a run). Target: >= 100x.",
         unit="queries",
     )
     scenario.headline = ("counter column", "annotate(Count) (seed)")
@@ -325,7 +325,7 @@ def exact_read(
         "articles' public comments: stored only vs exact (stored + pending, one statement) "
         "through Counters.get (the counter column) and Counters.get_many (a named counter, "
         f"{hot} keys a statement), and the naive count(*) ({reads // 5:,} reads). "
-        "Target (DESIGN): an exact read <= 2x a stored-only read.",
+        "Target: an exact read <= 2x a stored-only read.",
         unit="reads",
     )
     scenario.headline = ("exact", "stored")

@@ -140,7 +140,7 @@ def drain(dsn: str, repeat: int, quick: bool) -> Scenario:
     scenario = Scenario(
         "drain",
         f"Drain N queued deltas over {KEYS} counters to the end, batches of {BATCH:,}, one "
-        "transaction each. Target (DESIGN): >= 800,000 deltas/s with a concurrency-safe claim, "
+        "transaction each. Target: >= 800,000 deltas/s with a concurrency-safe claim, "
         "matching the seed's unsafe BETWEEN form.",
         unit="deltas",
     )

@@ -11,7 +11,7 @@ HOT_COMPARISONS: tuple[Comparison, ...] = (
     ("raw-queue", "update", None),
     ("raw-unlogged", "update", None),
     ("raw-batched", "update", None),
-    # each path against the SQL it wraps, sent by hand from the same client (DESIGN: >= 0.9x)
+    # each path against the SQL it wraps, sent by hand from the same client (target: >= 0.9x)
     ("pgcounters-queued", "sql-queued", 0.9),
     ("pgcounters-unlogged", "sql-unlogged", 0.9),
     ("pgcounters-batched", "sql-batched", 0.9),
@@ -60,7 +60,7 @@ def hot_counters(dsn: str, repeat: int, quick: bool) -> Scenario:
         "each increment its own transaction.",
         unit="increments",
     )
-    # the headline: the batching client against the seed's plain UPDATE (DESIGN section 4)
+    # the headline: the batching client against the seed's plain UPDATE
     scenario.headline = ("pgcounters-batching", "update")
     plan = workloads.make_plan(10, per_writer, 10)
     _run(dsn, scenario, list(workloads.VARIANTS), plan, repeat)

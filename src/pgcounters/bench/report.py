@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-# (variant, baseline it is compared with, target ratio from DESIGN section 4 or None)
+# (variant, baseline it is compared with, target ratio or None)
 Comparison = tuple[str, str, float | None]
 
 

@@ -57,7 +57,7 @@ UPDATE seed000.blog_article SET total_public_comments = 0 WHERE total_public_com
 UPDATE seed000.blog_user SET total_public_comments = 0 WHERE total_public_comments <> 0;
 
 -- name: article_mismatches
--- Articles whose counter column differs from the public comments counted (S1 truth).
+-- Articles whose counter column differs from the public comments counted (the truth).
 SELECT count(*)
   FROM seed000.blog_article AS a
   LEFT JOIN (SELECT article_id, count(*) AS n FROM {comments}
@@ -108,5 +108,5 @@ SELECT "blog_article"."id", "blog_article"."content", "blog_article"."total_publ
  LIMIT %(n)s;
 
 -- name: count_public
--- The naive exact read (S1): count the article's public comments.
+-- The naive exact read: count the article's public comments.
 SELECT count(*) FROM {comments} WHERE article_id = %(id)s AND publish_status = 'public';

@@ -16,7 +16,7 @@ class Exact(Expression):
     """``Article.objects.annotate(n=Exact("public_comments"))``: the exact counter value.
 
     The stored column plus the pending deltas of both queues, computed in the
-    query's own statement (one snapshot, DESIGN rule 3).
+    query's own statement (one snapshot).
     """
 
     output_field = models.BigIntegerField()

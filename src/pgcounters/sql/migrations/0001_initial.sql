@@ -14,7 +14,7 @@ CREATE TABLE pgcounters.migrations (
 
 -- One row per declared counter ("target"). A target is either a named counter
 -- whose values live in pgcounters.counters (target_table IS NULL), or a counter
--- column on a row of a user table (S2), keyed by one column of that table.
+-- column on a row of a user table, keyed by one column of that table.
 CREATE TABLE pgcounters.targets (
     id                integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name              text NOT NULL UNIQUE
@@ -55,8 +55,8 @@ CREATE TABLE pgcounters.counters (
 -- top-N by value for one counter
 CREATE INDEX counters_top ON pgcounters.counters (target_id, value DESC);
 
--- The insert-only queue of deltas (S5). User transactions only INSERT here:
--- they never lock a shared counter row (DESIGN rule 1).
+-- The insert-only queue of deltas. User transactions only INSERT here:
+-- they never lock a shared counter row.
 CREATE TABLE pgcounters.queue (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     target_id  integer NOT NULL,
@@ -68,7 +68,7 @@ CREATE TABLE pgcounters.queue (
 -- exact reads sum the pending deltas of one key from this index
 CREATE INDEX queue_target_key ON pgcounters.queue (target_id, key) INCLUDE (delta);
 
--- The opt-in UNLOGGED queue (S9): several times faster to write, emptied by a
+-- The opt-in UNLOGGED queue: several times faster to write, emptied by a
 -- crash of PostgreSQL. Same shape as the logged queue.
 CREATE UNLOGGED TABLE pgcounters.queue_unlogged (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -122,7 +122,7 @@ BEGIN
 END;
 $$;
 
--- Declare a counter kept in a column of a user table (S2), keyed by one column
+-- Declare a counter kept in a column of a user table, keyed by one column
 -- of that table (normally its primary key). The key type is read from the
 -- catalog. Deltas for rows that no longer exist are discarded by the drain.
 CREATE FUNCTION pgcounters.create_column_counter(
@@ -287,7 +287,7 @@ END;
 $$;
 
 -- Exact value of one named counter: stored + pending, from one snapshot
--- (DESIGN rule 3). Column targets are read by the Python client, which knows
+--. Column targets are read by the Python client, which knows
 -- the table; this function reads them too, with dynamic SQL.
 CREATE FUNCTION pgcounters.get(p_name text, p_key text[] DEFAULT '{}') RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
@@ -313,7 +313,7 @@ END;
 $$;
 
 -- ---------------------------------------------------------------------------
--- Draining (S5, DESIGN rule 2)
+-- Draining
 -- ---------------------------------------------------------------------------
 
 -- Apply at most p_limit pending deltas of one queue, in the caller's

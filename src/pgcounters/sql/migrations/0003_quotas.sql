@@ -1,4 +1,4 @@
--- pgcounters schema, version 3: quotas and rate limits (S11).
+-- pgcounters schema, version 3: quotas and rate limits.
 --
 -- A quota is a named budget of calls per subject (a customer, a user, an API
 -- key, an IP address: any non-blank string) and per window of time. A window is
@@ -11,7 +11,7 @@
 -- a limit of its own gets the quota's default limit (none: no call allowed).
 --
 -- register_call decides inside ONE upsert of the usage row: the SET clause sees
--- the current row, locked, and computes the decision from it (DESIGN rule 4).
+-- the current row, locked, and computes the decision from it.
 -- A decision read from a CTE or a prior SELECT lets concurrent callers through
 -- past the limit.
 --

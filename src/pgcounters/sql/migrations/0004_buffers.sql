@@ -4,8 +4,7 @@
 -- buffer (pgcounters/redis_buffer.py) write their buffered increments in one
 -- transaction that also records a flush id here. A flush whose outcome is in
 -- doubt (its writer died, or the connection broke during COMMIT) is looked up
--- by id before it is written again, so it is never counted twice (DESIGN
--- rule 9). Rows are pruned by age, never while their flush may still be in
+-- by id before it is written again, so it is never counted twice . Rows are pruned by age, never while their flush may still be in
 -- doubt.
 
 CREATE TABLE pgcounters.buffer_flushes (
