@@ -14,8 +14,8 @@ from django.db.models import Count, Q
 
 from django_support import assert_exact, drain
 from pgcounters import Counters
+from pgcounters.contrib.django import Exact
 from pgcounters.contrib.django.db import psycopg_connection
-from pgcounters.contrib.django.expressions import Exact
 from pgcounters.contrib.django.pagination import EstimatedCountPaginator, estimated_count
 
 pytestmark = pytest.mark.django_db(transaction=True)

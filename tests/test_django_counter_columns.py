@@ -22,8 +22,8 @@ from django.test import Client
 
 from members.models import Member, Post
 from pgcounters import Counters
+from pgcounters.contrib.django import Exact
 from pgcounters.contrib.django.db import dsn
-from pgcounters.contrib.django.expressions import Exact
 from pgcounters.dberrors import translate
 from pgcounters.errors import CounterColumnWrite
 from pgcounters.triggers import paused

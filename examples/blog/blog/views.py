@@ -11,8 +11,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from blog.models import Article, Notification, User
+from pgcounters.contrib.django import Exact
 from pgcounters.contrib.django.events import count_event, event_value
-from pgcounters.contrib.django.expressions import Exact
 from pgcounters.contrib.django.ratelimit import ratelimit
 
 VIEWS = "blog.article.views"

@@ -10,5 +10,13 @@ from pgcounters.contrib.django.declarations import (
     declared_counters,
     register_counter,
 )
+from pgcounters.contrib.django.expressions import Exact
 
-__all__ = ["CountField", "NamedCounter", "SumField", "declared_counters", "register_counter"]
+__all__ = [
+    "CountField",
+    "Exact",
+    "NamedCounter",
+    "SumField",
+    "declared_counters",
+    "register_counter",
+]
