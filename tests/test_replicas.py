@@ -13,12 +13,13 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgcounters import Counters
+from pgcounters import Counters, backfill, triggers
 from pgcounters.client import on_standby
 from pgcounters.dberrors import translated
 from pgcounters.embedded import EmbeddedPostgres
-from pgcounters.errors import ReplicaError, ReplicaNotCaughtUp
+from pgcounters.errors import CounterBackfilling, ReplicaError, ReplicaNotCaughtUp
 from pgcounters.schema import install
+from pgcounters.specs import ColumnTarget, CounterSpec, NamedTarget
 from support import wait_for
 
 
@@ -399,3 +400,46 @@ def test_a_worker_pointed_at_a_standby_stops_with_a_clear_error(pair: tuple[str,
     assert len(outcome) == 1
     assert isinstance(outcome[0], WorkerError)
     assert "read-only" in str(outcome[0])
+
+
+def test_a_counter_being_backfilled_is_refused_on_the_standby_as_on_the_primary(
+    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
+) -> None:
+    """The standby reads the backfill's progress from the WAL like any row: an exact read
+    there refuses, as the primary does, rather than miss the rows the backfill has not
+    counted yet."""
+    primary.execute(
+        "CREATE TABLE rep_parent (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0);"
+        " CREATE TABLE rep_child (id bigserial PRIMARY KEY, parent_id bigint);"
+        " INSERT INTO rep_parent (id) VALUES (1);"
+        " INSERT INTO rep_child (parent_id) SELECT 1 FROM generate_series(1, 5)"
+    )
+    column = CounterSpec(
+        name="rep.children",
+        source="rep_child",
+        keys=("parent_id",),
+        target=ColumnTarget("rep_parent", "n"),
+    )
+    named = CounterSpec(
+        name="rep.children_named",
+        source="rep_child",
+        keys=("parent_id",),
+        target=NamedTarget(("bigint",)),
+    )
+    triggers.install(primary, [column, named], backfill=False)
+    primary.execute("INSERT INTO rep_child (parent_id) VALUES (1)")
+    pc, sc = Counters(primary), Counters(standby)
+    _replayed(pc, sc)
+    for counters in (pc, sc):
+        for name in (column.name, named.name):
+            with pytest.raises(CounterBackfilling):
+                counters.get(name, 1)
+        with pytest.raises(CounterBackfilling):
+            counters.get_many(named.name, [1])
+    backfill.run(primary)
+    _replayed(pc, sc)
+    truth = primary.execute("SELECT count(*) FROM rep_child WHERE parent_id = 1").fetchone()
+    assert truth == (6,)
+    for counters in (pc, sc):
+        assert [counters.get(column.name, 1), counters.get(named.name, 1)] == [6, 6]
+        assert counters.get_many(named.name, [1]) == [6]

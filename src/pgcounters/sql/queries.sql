@@ -77,11 +77,16 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
 
 -- name: exact_named_logged
 -- on a hot standby: the logged queue only (a standby cannot plan a statement
--- that names the unlogged queue, which is empty there)
-SELECT (coalesce((SELECT value FROM pgcounters.counters
+-- that names the unlogged queue, which is empty there); refused while the
+-- counter is backfilled, as on the primary
+SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
+                          JOIN pgcounters.targets AS g ON g.name = b.name
+                         WHERE g.id = %(t)s)
+            THEN pgcounters._backfilling(%(t)s) ELSE
+       (coalesce((SELECT value FROM pgcounters.counters
                    WHERE target_id = %(t)s AND key = %(k)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
-                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: stored_named
 SELECT coalesce((SELECT value FROM pgcounters.counters
@@ -100,9 +105,13 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: exact_column_logged
-SELECT (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
+                          JOIN pgcounters.targets AS g ON g.name = b.name
+                         WHERE g.id = %(t)s)
+            THEN pgcounters._backfilling(%(t)s) ELSE
+       (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
-                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint;
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: stored_column
 SELECT coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
@@ -127,9 +136,13 @@ SELECT w.ord,
 
 -- name: exact_named_many_logged
 SELECT w.ord,
+       CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
+                           JOIN pgcounters.targets AS g ON g.name = b.name
+                          WHERE g.id = %(t)s)
+            THEN pgcounters._backfilling(%(t)s) ELSE
        (coalesce(c.value, 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
-                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
+                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint END
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
