@@ -7,6 +7,8 @@ recount.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -16,6 +18,7 @@ import blog_schema
 from pgcounters import Counters, backfill, triggers
 from pgcounters.errors import CounterBackfilling
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
+from support import wait_for
 
 TRUTH = {
     "blog.article.public_comments": (
@@ -206,3 +209,48 @@ def test_the_backfill_and_list_commands(
         assert_exact(blog, name)
     assert cli.run(["--dsn", dsn, "list"]) == 0
     assert "backfilling" not in capsys.readouterr().out
+
+
+def test_a_backfill_waits_without_spinning_for_a_row_an_application_holds(
+    dsn: str, blog: psycopg.Connection[Any]
+) -> None:
+    """The backfill leaves a busy row alone and tries it again after a pause that grows,
+    and finishes exact once the row is free (it ran thousands of transactions a second)."""
+    triggers.install(blog, column_specs(), backfill=False)
+    app = psycopg.connect(dsn)
+    app.execute("SELECT 1 FROM blog_article WHERE id = 1 FOR UPDATE")  # the first key
+    done: list[dict[str, int]] = []
+
+    def run() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            done.append(backfill.run(c))
+
+    def commits() -> int:
+        blog.execute("SELECT pg_stat_clear_snapshot()")
+        row = blog.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database"
+            " WHERE datname = current_database()"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    thread = threading.Thread(target=run)
+    try:
+        thread.start()
+        wait_for(lambda: backfill.pending(blog) != [] and commits() > 0)
+        before = commits()
+        time.sleep(1.5)  # the application holds the row this long (the scenario, not a check)
+        during = commits() - before
+    finally:
+        app.rollback()
+        app.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    # pauses of 0.01 s doubling to 0.5 s: about ten attempts in 1.5 s, a few statements each
+    assert during < 150, during
+    assert len(done) == 1
+    articles = blog.execute("SELECT count(*) FROM blog_article").fetchone()
+    assert articles is not None
+    assert done[0] == dict.fromkeys(TRUTH, articles[0])  # every key, each once
+    for name in TRUTH:
+        assert_exact(blog, name)

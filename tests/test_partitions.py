@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgcounters import Counters, triggers
 from pgcounters.dberrors import translate
@@ -179,6 +180,15 @@ def test_inheritance_children_are_counted(conn: psycopg.Connection[Any], mode: s
     _insert(conn, "event_12", [(1, "click", 5, 12)])
     conn.execute("TRUNCATE event_10")
     assert_counted(conn)
+    # TRUNCATE ONLY of the table would leave its children's rows counting: refused
+    with pytest.raises(psycopg.Error, match="TRUNCATE ONLY") as caught:
+        conn.execute("TRUNCATE ONLY event")
+    assert isinstance(translate(caught.value), CounterBroken)
+    assert_counted(conn)
+    conn.execute("TRUNCATE event")  # the whole tree: every count is zero
+    assert conn.execute("SELECT count(*) FROM event").fetchone() == (0,)
+    assert_counted(conn)
+    _insert(conn, "event_12", [(1, "click", 6, 12)])
     Counters(conn).drain()
     assert_counted(conn)
 
@@ -191,11 +201,36 @@ def test_without_the_guard_an_unfollowed_partition_is_reported(
     conn.execute(PARTITIONED)
     triggers.install(conn, specs("queued"))
     conn.execute("ALTER EVENT TRIGGER pgcounters_guard_ddl DISABLE")
-    conn.execute("CREATE TABLE event_12 PARTITION OF event FOR VALUES IN (12)")
+    conn.execute('CREATE TABLE "event 12" PARTITION OF event FOR VALUES IN (12)')
     states = {d.name: d for d in triggers.drift(conn)}
     assert states["article.clicks"].state == "missing"
-    assert "event_12 is not counted" in states["article.clicks"].detail
+    assert '"event 12" is not counted' in states["article.clicks"].detail
     triggers.install(conn, specs("queued"))
     assert all(d.state == "installed" for d in triggers.drift(conn))
-    _insert(conn, "event_12", [(1, "click", 1, 12)])
+    _insert(conn, '"event 12"', [(1, "click", 1, 12)])
+    assert_counted(conn)
+
+
+def test_a_partition_of_a_counter_delivered_by_django_is_followed_and_kept(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """django-pgtrigger names a trigger pgtrigger_<name>_<id>: the partitions of such a
+    counter are followed, and dropping one still attached is refused, as for pgc_<name>."""
+    conn.execute(PARTITIONED)
+    triggers.install(conn, specs("queued"))
+    for (name,) in conn.execute(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = 'event'::regclass AND tgname LIKE 'pgc%'"
+    ).fetchall():
+        conn.execute(
+            sql.SQL("ALTER TRIGGER {} ON event RENAME TO {}").format(
+                sql.Identifier(name), sql.Identifier(f"pgtrigger_{name}_1a2b3")
+            )
+        )
+    conn.execute("CREATE TABLE event_12 PARTITION OF event FOR VALUES IN (12)")
+    _insert(conn, "event_12", [(1, "click", 5, 12)])
+    assert_counted(conn)
+    with pytest.raises(psycopg.Error, match="unseen"):
+        conn.execute("DROP TABLE event_12")
+    conn.execute("ALTER TABLE event DETACH PARTITION event_12")
+    conn.execute("DROP TABLE event_12")
     assert_counted(conn)

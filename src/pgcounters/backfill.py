@@ -20,6 +20,7 @@ the rows written before the counter existed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,6 +48,12 @@ class Backfill:
     keys_done: int
     cursor: tuple[str, ...] | None
     requested_at: datetime
+
+
+BUSY_PAUSE = 0.01
+"""Seconds a backfill waits before trying again a key whose row another transaction holds."""
+BUSY_PAUSE_MAX = 0.5
+"""The longest of those waits (the pause doubles while the row stays held)."""
 
 
 def request(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
@@ -106,6 +113,7 @@ def run(
     for name in wanted:
         done[name] = 0
         resolved: dict[str, tuple[CounterSpec, int]] = {}  # looked up once per run
+        pause = BUSY_PAUSE
         while True:
             keys, more = _batch(conn, name, batch_size, resolved)
             done[name] += keys
@@ -113,6 +121,13 @@ def run(
                 progress(name, keys)
             if not more:
                 break
+            if keys:
+                pause = BUSY_PAUSE
+            else:
+                # the next key's row is held by another transaction: try again after a
+                # pause that grows while it stays held, instead of a transaction a millisecond
+                time.sleep(pause)
+                pause = min(pause * 2, BUSY_PAUSE_MAX)
     return done
 
 

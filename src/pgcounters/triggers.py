@@ -156,7 +156,11 @@ def _unfollowed(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
         row = cur.fetchone()
     out: dict[str, list[str]] = {}
     for action in list(row[0]) if row and row[0] else []:
-        verb, table, _, name = action.split(" ", 3)
+        # "count <table> in <name>" or "uncount <table> from <name>": a counter name has no
+        # space, a table's (quoted) may
+        verb, _, rest = action.partition(" ")
+        head, _, name = rest.rpartition(" ")
+        table = head.rsplit(" ", 1)[0]
         out.setdefault(name, []).append(
             f"{table} {'is not counted' if verb == 'count' else 'left the table but is counted'}"
         )

@@ -557,10 +557,12 @@ BEGIN
       FROM dropped AS f
      WHERE f.object_type = 'table'
        AND f.object_identity NOT IN (SELECT identity FROM sources)
-       -- a descendant carries the counter's BEFORE TRUNCATE trigger, pgc_..._trn
+       -- a descendant carries the counter's BEFORE TRUNCATE trigger
        AND EXISTS (SELECT 1 FROM dropped AS o
                     WHERE o.object_type = 'trigger'
-                      AND split_part(o.object_identity, ' on ', 1) LIKE 'pgc\_%\_trn'
+                      -- pgc_<name>_trn, or pgtrigger_pgc_<name>_trn_<id> when Django's
+                      -- migrations delivered the counter's triggers
+                      AND split_part(o.object_identity, ' on ', 1) ~ '(^|_)pgc_.*_trn(_[0-9a-f]+)?$'
                       AND split_part(o.object_identity, ' on ', 1) <> 'pgc_replica_watch_trn'
                       AND substr(o.object_identity,
                                  length(split_part(o.object_identity, ' on ', 1)) + 5)
@@ -605,6 +607,49 @@ $$;
 REVOKE EXECUTE ON FUNCTION pgcounters._installed_on_source(text), pgcounters._descendants(oid),
     pgcounters.follow_descendants(text, boolean), pgcounters._truncate_descendant(),
     pgcounters._guard_ddl(), pgcounters._guard_drop() FROM PUBLIC;
+
+-- TRUNCATE of a counted table resets its counter (version 9's reset_target).
+-- TRUNCATE ONLY of a table whose inheritance children keep rows leaves those
+-- rows counting: zero is not the truth then, and the TRUNCATE is refused.
+CREATE OR REPLACE FUNCTION pgcounters.reset_target(p_target_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    t pgcounters.targets;
+    v_source regclass;
+    v_left boolean;
+BEGIN
+    SELECT * INTO t FROM pgcounters.targets WHERE id = p_target_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT to_regclass(format('%I.%I', s.definition -> 'source' ->> 'schema',
+                              s.definition -> 'source' ->> 'table'))
+      INTO v_source FROM pgcounters.specs AS s WHERE s.name = t.name;
+    IF v_source IS NOT NULL THEN
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', v_source) INTO v_left;
+        IF v_left THEN
+            RAISE EXCEPTION 'TRUNCATE ONLY %: rows of its inheritance children still count in %',
+                    v_source, t.name
+                USING ERRCODE = 'PC020',
+                      HINT = 'TRUNCATE the table with its children (without ONLY), or DELETE '
+                             'FROM ONLY it: its rows then leave the counts one by one.';
+        END IF;
+    END IF;
+    -- as drop_counter: wait for the range drainers first (no deadlock with them)
+    PERFORM pg_advisory_xact_lock(hashtext('pgcounters.drain'), 0),
+            pg_advisory_xact_lock(hashtext('pgcounters.drain'), 1);
+    DELETE FROM pgcounters.queue WHERE target_id = t.id;
+    DELETE FROM pgcounters.queue_unlogged WHERE target_id = t.id;
+    IF t.target_table IS NULL THEN
+        DELETE FROM pgcounters.counters WHERE target_id = t.id;
+    ELSE
+        PERFORM set_config('pgcounters.applying', 'on', true);  -- a counter column's write
+        EXECUTE format('UPDATE %I.%I SET %I = 0 WHERE %I IS DISTINCT FROM 0',
+            t.target_schema, t.target_table, t.target_column, t.target_column);
+        PERFORM set_config('pgcounters.applying', '', true);
+    END IF;
+END;
+$$;
 
 -- ---------------------------------------------------------------------------
 -- Writes made with session_replication_role = replica
