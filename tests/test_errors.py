@@ -189,3 +189,18 @@ def test_every_error_is_a_pgcounters_error() -> None:
     for cls in (ConnectionFailed, CounterOverflow, InvalidKey, UnknownCounter, DrainError):
         assert issubclass(cls, PgCountersError)
         assert str(cls())  # the docstring is the default message
+
+
+def test_every_error_of_the_hierarchy_is_exported_by_the_package() -> None:
+    import inspect
+
+    import pgcounters
+    from pgcounters import errors
+
+    classes = {
+        name
+        for name, value in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(value, errors.PgCountersError) and value.__module__ == errors.__name__
+    }
+    assert classes <= set(pgcounters.__all__)
+    assert all(getattr(pgcounters, name) is getattr(errors, name) for name in classes)

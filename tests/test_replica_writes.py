@@ -12,7 +12,7 @@ import pytest
 
 import blog_schema
 from pgcounters import Counters, status, triggers
-from pgcounters.errors import InvalidCounterDefinition, UnknownCounter
+from pgcounters.errors import CounterBroken, InvalidCounterDefinition, UnknownCounter
 from pgcounters.recount import recount
 from pgcounters.status import get_status
 
@@ -122,3 +122,21 @@ def test_bad_choices_are_clear_errors(conn: psycopg.Connection[Any]) -> None:
         triggers.set_replica_writes(conn, ARTICLE, "always")  # type: ignore[arg-type]
     with pytest.raises(UnknownCounter):
         triggers.set_replica_writes(conn, "no.such.counter", "count")
+
+
+def test_a_failed_recount_keeps_the_stale_mark(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    blog_schema.create(conn)
+    triggers.install(conn, blog_schema.specs())
+    with _replica(dsn) as replica:
+        replica.execute(
+            "INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')"
+        )
+    conn.execute("ALTER EVENT TRIGGER pgcounters_guard_ddl DISABLE")
+    conn.execute("ALTER TABLE blog_comment RENAME COLUMN publish_status TO status")
+    with pytest.raises(CounterBroken):
+        recount(conn, ARTICLE)
+    conn.execute("ALTER TABLE blog_comment RENAME COLUMN status TO publish_status")
+    assert {d.name: d.state for d in triggers.drift(conn)}[ARTICLE] == "stale"
+    recount(conn, ARTICLE)
+    assert {d.name: d.state for d in triggers.drift(conn)}[ARTICLE] == "installed"
+    assert _article_values(conn) == _article_truth(conn)

@@ -55,6 +55,9 @@ def _values(conn: psycopg.Connection[Any]) -> dict[int, tuple[int, int]]:
         ("ALTER TABLE blog_comment RENAME COLUMN publish_status TO status", "publish_status"),
         ("ALTER TABLE blog_comment ALTER COLUMN score TYPE numeric(10, 2)", "integer_value"),
         ("ALTER TABLE blog_comment ALTER COLUMN score TYPE double precision", "integer_value"),
+        # the parent table that holds the counter column
+        ("ALTER TABLE blog_article RENAME COLUMN public_comments TO n", "public_comments"),
+        ("ALTER TABLE blog_article RENAME COLUMN id TO article_id", "id"),
     ],
 )
 def test_a_change_that_breaks_a_counter_is_refused(
@@ -161,3 +164,16 @@ def test_without_the_guard_a_broken_counter_is_reported_not_installed(
     with pytest.raises(CounterBroken, match="install it again"):
         recount(blog, SCORE)
     assert verify(blog, ARTICLE).mismatches == []
+
+
+def test_without_the_guard_a_renamed_counter_column_is_reported_broken(
+    blog: psycopg.Connection[Any],
+) -> None:
+    blog.execute("ALTER EVENT TRIGGER pgcounters_guard_ddl DISABLE")
+    blog.execute("ALTER TABLE blog_article RENAME COLUMN score_total TO points")
+    states = {d.name: d for d in triggers.drift(blog)}
+    assert states[SCORE].state == "broken"
+    assert "score_total" in states[SCORE].detail
+    assert states[ARTICLE].state == "installed"
+    with pytest.raises(CounterBroken, match=r"counter blog\.article\.score_total no longer"):
+        verify(blog, SCORE)

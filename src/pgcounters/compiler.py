@@ -284,12 +284,22 @@ def probe_query(spec: CounterSpec) -> sql.Composed:
 
     It stops planning when the source table no longer has what the counter needs: a key or
     summed column renamed or dropped, a type that does not cast to the key type, a summed
-    value that is not an integer (a numeric or float sum would be rounded per statement).
+    value that is not an integer (a numeric or float sum would be rounded per statement);
+    or when a counter column's parent table lost its key or counter column.
     """
     values: list[sql.Composable] = list(_key_parts(spec))
     if spec.sum is not None:
         values.append(sql.SQL("pgcounters.integer_value({})").format(_expr(spec.sum)))
-    return sql.SQL("SELECT {values} FROM {source} AS {alias} WHERE {where} LIMIT 0").format(
+    # a counter column: its parent's key and counter columns too (a CTE is analysed even
+    # when nothing reads it, so a renamed or dropped column stops the planning)
+    target: sql.Composable = sql.SQL("")
+    if isinstance(spec.target, ColumnTarget):
+        t = spec.target
+        target = sql.SQL("WITH pgc_target AS (SELECT x.{}, x.{} FROM {} AS x LIMIT 0) ").format(
+            sql.Identifier(t.key_column), sql.Identifier(t.column), t.table.identifier()
+        )
+    return sql.SQL("{target}SELECT {values} FROM {source} AS {alias} WHERE {where} LIMIT 0").format(
+        target=target,
         values=sql.SQL(", ").join(values) if values else sql.SQL("1"),
         source=spec.source.identifier(),
         alias=sql.Identifier(spec.source.name),

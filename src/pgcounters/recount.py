@@ -349,9 +349,12 @@ def recount(
             target = _target_id(conn, spec)
         result = RecountResult(spec.name)
         cursor = _start(conn, spec.name, resume, result)
+        # a whole recount puts in the writes the counter missed before it started: its stale
+        # mark, as it is now, goes when the recount ends (a mark that changed meanwhile stays)
+        stale = None
         if cursor is None and key_range is None:
-            # a whole recount: writes the counter missed before it starts are in its truth
-            conn.execute(query("clear_stale"), {"name": spec.name})
+            with conn.transaction():
+                stale = conn.execute(query("stale_mark"), {"name": spec.name}).fetchone()
         column = isinstance(spec.target, ColumnTarget)
         if column:
             if planned is not None:
@@ -394,6 +397,11 @@ def recount(
             conn.execute(
                 "UPDATE pgcounters.recounts SET finished_at = now() WHERE name = %s", (spec.name,)
             )
+            if stale is not None:
+                conn.execute(
+                    query("clear_stale"),
+                    {"name": spec.name, "since": stale[0], "statements": stale[1]},
+                )
     return result
 
 

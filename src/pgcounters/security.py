@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any, Literal, TypeAlias
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import tuple_row
 
 from pgcounters import schema, sqlfiles
@@ -58,14 +57,7 @@ def grant_app(conn: psycopg.Connection[Any], role: str) -> list[str]:
 
 def grant_worker(conn: psycopg.Connection[Any], role: str) -> list[str]:
     """Grant ``role`` the rights of a worker (drain, recount, purge, backfills, and the app's)."""
-    done = _run(conn, "worker", role)
-    # the worker runs backfills (schema version 9): it moves and deletes their rows
-    statement = sql.SQL("GRANT SELECT, UPDATE, DELETE ON pgcounters.backfills TO {}").format(
-        sql.Identifier(role)
-    )
-    with translated(), conn.transaction():
-        conn.execute(statement)
-    return [*done, statement.as_string(conn)]
+    return _run(conn, "worker", role)
 
 
 def grant_pause(conn: psycopg.Connection[Any], role: str) -> list[str]:

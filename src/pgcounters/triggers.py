@@ -397,6 +397,8 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
     out: list[Drift] = []
     for s in wanted:
         reason = broken_on.get((s.source.schema, s.source.name), {}).get(s.name)
+        if reason is None and isinstance(s.target, ColumnTarget):  # the parent table changed
+            reason = broken_on.get((s.target.table.schema, s.target.table.name), {}).get(s.name)
         if reason is not None and s.name in by_name:
             by_name.pop(s.name)
             out.append(Drift(s.name, "broken", f"the table changed under it: {reason}"))

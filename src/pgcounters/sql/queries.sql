@@ -364,9 +364,15 @@ SELECT pgcounters.broken_specs(%(table)s::regclass)
 -- say what is not followed yet (not apply).
 SELECT pgcounters.follow_descendants(%(name)s, %(apply)s)
 
+-- name: stale_mark
+-- A counter's stale mark (since, statements), read as a whole recount starts.
+SELECT since, statements FROM pgcounters.stale_counters WHERE name = %(name)s
+
 -- name: clear_stale
--- A whole recount of a counter starts: the writes it missed are in its truth.
-DELETE FROM pgcounters.stale_counters WHERE name = %(name)s
+-- A whole recount ended: the writes it missed before it started are in its truth; a mark
+-- that changed since it started stays.
+DELETE FROM pgcounters.stale_counters
+ WHERE name = %(name)s AND since = %(since)s AND statements = %(statements)s
 
 -- name: stale_counters
 SELECT name, reason, since, statements FROM pgcounters.stale_counters ORDER BY name

@@ -302,12 +302,24 @@ BEGIN
         SELECT sp.name, sp.probe
           FROM pgcounters.specs AS sp
          WHERE sp.probe IS NOT NULL
-           AND EXISTS (
+           -- its triggers installed on p_table, the table it counts ...
+           AND (EXISTS (
                SELECT 1 FROM pg_catalog.pg_trigger AS t
                  JOIN pg_catalog.pg_proc AS p ON p.oid = t.tgfoid
                 WHERE t.tgrelid = p_table AND NOT t.tgisinternal
                   AND position(format('-- pgcounters spec fingerprint=%s event=insert name=%s',
                                       sp.fingerprint, sp.name) IN p.prosrc) > 0)
+           -- ... or installed, and p_table the parent table that holds its column
+             OR (EXISTS (
+                   SELECT 1 FROM pgcounters.targets AS g
+                    WHERE g.name = sp.name AND g.target_table IS NOT NULL
+                      AND to_regclass(format('%I.%I', g.target_schema, g.target_table)) = p_table)
+                 AND EXISTS (
+                   SELECT 1 FROM pg_catalog.pg_trigger AS t
+                     JOIN pg_catalog.pg_proc AS p ON p.oid = t.tgfoid
+                    WHERE NOT t.tgisinternal
+                      AND position(format('-- pgcounters spec fingerprint=%s event=insert name=%s',
+                                          sp.fingerprint, sp.name) IN p.prosrc) > 0)))
          ORDER BY sp.name
     LOOP
         BEGIN
@@ -774,14 +786,16 @@ BEGIN
 END;
 $$;
 
--- the worker clears a counter's stale mark when it recounts it
+-- the worker clears a counter's stale mark when it recounts it, and runs backfills
 ALTER FUNCTION pgcounters.grant_worker(text) RENAME TO _grant_worker_v8;
 
 CREATE FUNCTION pgcounters.grant_worker(p_role text) RETURNS text[]
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN pgcounters._grant_worker_v8(p_role) || pgcounters._for_role(p_role, ARRAY[
-        'GRANT DELETE ON pgcounters.stale_counters TO %I'
+        'GRANT DELETE ON pgcounters.stale_counters TO %I',
+        -- the worker runs backfills (version 9): it moves and deletes their rows
+        'GRANT SELECT, UPDATE, DELETE ON pgcounters.backfills TO %I'
     ]);
 END;
 $$;
