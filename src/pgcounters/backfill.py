@@ -20,6 +20,7 @@ the rows written before the counter existed.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,9 +114,10 @@ def run(
     for name in wanted:
         done[name] = 0
         resolved: dict[str, tuple[CounterSpec, int]] = {}  # looked up once per run
+        listed: dict[str, list[list[str]]] = {}
         pause = BUSY_PAUSE
         while True:
-            keys, more = _batch(conn, name, batch_size, resolved)
+            keys, more = _batch(conn, name, batch_size, resolved, listed)
             done[name] += keys
             if keys and progress is not None:
                 progress(name, keys)
@@ -146,10 +148,12 @@ def _batch(
     name: str,
     batch_size: int,
     resolved: dict[str, tuple[CounterSpec, int]] | None = None,
+    named_keys: dict[str, list[list[str]]] | None = None,
 ) -> tuple[int, bool]:
     """One batch of one counter's backfill: (keys done, whether it goes on).
 
-    ``resolved`` caches the counter's spec and target id across the batches of a run.
+    ``resolved`` caches the counter's spec and target id across the batches of a run,
+    ``named_keys`` a named counter's keys (listed once per run, not once per batch).
     """
     cache = {} if resolved is None else resolved
     with translated(), conn.transaction():
@@ -180,7 +184,7 @@ def _batch(
             texts = [[str(k)] for k in keys]
             held_texts = [[str(k)] for k in held]
         else:
-            keys = _recount._named_keys(conn, spec, target, cursor, None)[:batch_size]
+            keys = _named_batch(conn, spec, target, cursor, batch_size, named_keys)
             if keys:
                 _recount._create_named_rows(conn, target, keys)
                 _, held = _recount._recount_named(conn, spec, target, keys)
@@ -200,6 +204,29 @@ def _batch(
             (texts[done - 1], done, name),
         )
         return done, True
+
+
+def _named_batch(
+    conn: psycopg.Connection[Any],
+    spec: CounterSpec,
+    target: int,
+    cursor: list[str] | None,
+    batch_size: int,
+    listed: dict[str, list[list[str]]] | None,
+) -> list[list[str]]:
+    """The next keys of a named counter after ``cursor``, in key order.
+
+    The keys are listed once per run (the truth's, the stored and the pending ones, in byte
+    order, as recount lists them): a key that appears later had no count before, and the
+    queue brings it in.
+    """
+    if listed is None:
+        return _recount._named_keys(conn, spec, target, cursor, None)[:batch_size]
+    if spec.name not in listed:
+        listed[spec.name] = _recount._named_keys(conn, spec, target, None, None)
+    keys = listed[spec.name]
+    start = 0 if cursor is None else bisect.bisect_right(keys, list(cursor))
+    return keys[start : start + batch_size]
 
 
 def _column_keys(
