@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -107,7 +108,7 @@ def test_several_workers_with_concurrent_writers_are_exact(
 
 
 def test_a_batch_over_statement_timeout_is_retried_smaller(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: psycopg.Connection[Any], pc: Counters, caplog: pytest.LogCaptureFixture
 ) -> None:
     conn.execute("CREATE TABLE article (id bigint PRIMARY KEY, views bigint NOT NULL DEFAULT 0)")
     conn.execute("INSERT INTO article (id) SELECT generate_series(1, 5)")
@@ -131,6 +132,19 @@ def test_a_batch_over_statement_timeout_is_retried_smaller(
     assert worker.get_stats().errors >= 1
     rows = conn.execute("SELECT id, views FROM article ORDER BY id").fetchall()
     assert rows == [(i, 1) for i in range(1, 6)]
+    # each retried batch: a WARNING with its reason, and counted for status and Prometheus
+    warned = [
+        r
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+        and "drain batch was aborted (statement timeout)" in r.message
+    ]
+    assert warned
+    counted = conn.execute(
+        "SELECT retries FROM pgcounters.retries WHERE operation = 'drain'"
+        " AND reason = 'statement timeout'"
+    ).fetchone()
+    assert counted == (len(warned),)
 
 
 @pytest.mark.parametrize(

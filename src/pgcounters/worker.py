@@ -37,7 +37,7 @@ import psycopg
 from psycopg import errors as pg
 
 from pgcounters import backfill, schema
-from pgcounters.client import Counters
+from pgcounters.client import Counters, record_retry, retry_reason
 from pgcounters.config import connect, redact
 from pgcounters.errors import (
     ConfigurationError,
@@ -55,6 +55,9 @@ APPLICATION_NAME = "pgcounters worker"
 """The ``application_name`` of worker connections (``pgcounters status`` counts them)."""
 
 MIN_BATCH_SIZE = 100
+
+# what PostgreSQL aborts and a new attempt of the batch may get through
+_ABORTED = (pg.DeadlockDetected, pg.SerializationFailure, pg.LockNotAvailable, pg.QueryCanceled)
 
 # errors that retrying cannot fix: the worker stops with WorkerError
 _FATAL = (pg.InsufficientPrivilege, pg.InvalidAuthorizationSpecification, pg.ReadOnlySqlTransaction)
@@ -330,13 +333,22 @@ class Worker:
             logger.warning("lost the connection to PostgreSQL: %s", str(exc).strip() or exc)
             conn.close()
             return None
-        if isinstance(exc, pg.QueryCanceled) and self._batch_size > MIN_BATCH_SIZE:
-            self._batch_size = max(MIN_BATCH_SIZE, self._batch_size // 2)
-            with self._lock:
-                self._stats.batch_size = self._batch_size
-            logger.warning(
-                "a batch hit statement_timeout; batches are now of %d deltas", self._batch_size
-            )
+        if isinstance(exc, _ABORTED):
+            # PostgreSQL aborted the batch (nothing of it was applied): a retry, counted for
+            # `status` and Prometheus like recount's and verify's
+            reason = retry_reason(exc)
+            record_retry(conn, "drain", reason)
+            if isinstance(exc, pg.QueryCanceled) and self._batch_size > MIN_BATCH_SIZE:
+                self._batch_size = max(MIN_BATCH_SIZE, self._batch_size // 2)
+                with self._lock:
+                    self._stats.batch_size = self._batch_size
+                logger.warning(
+                    "a drain batch was aborted (%s) and is retried; batches are now of %d deltas",
+                    reason,
+                    self._batch_size,
+                )
+            else:
+                logger.warning("a drain batch was aborted (%s) and is retried", reason)
             return conn
         logger.error("draining failed, retrying: %s", str(exc).strip() or exc)
         return conn
