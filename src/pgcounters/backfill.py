@@ -12,10 +12,11 @@ snapshot): a writer waits at most for one batch. The cursor moves in the
 batch's own transaction, so a reader sees, in one snapshot, which keys are
 done. Interrupted, it resumes from its cursor; the last batch deletes the row.
 
-While a counter is backfilled, exact reads of a key beyond the cursor are
-computed from the source table (Django's ``Exact``), or refused with
-:class:`~pgcounters.errors.CounterBackfilling`; never a number that misses
-the rows written before the counter existed.
+While a counter is backfilled, Django's ``Exact`` reads a key beyond the cursor
+from the source table (and one up to it from the counter), and the client's
+``get``/``get_many`` and SQL ``pgcounters.get`` refuse every key with
+:class:`~pgcounters.errors.CounterBackfilling` until the backfill ends; never a
+number that misses the rows written before the counter existed.
 """
 
 from __future__ import annotations
