@@ -662,21 +662,31 @@ def _cmd_quota_purge(args: argparse.Namespace, dsn: str) -> int:
     return EXIT_OK
 
 
+def _verb_group(
+    sub: Any, command: str, help_text: str, description: str
+) -> Callable[[str, Handler, str], argparse.ArgumentParser]:
+    """``pgcounters COMMAND VERB``: the group's parser; returns the function adding a verb."""
+    group = sub.add_parser(command, help=help_text, description=description)
+    verbs = group.add_subparsers(dest=f"{command}_command", required=True, metavar="VERB")
+
+    def add(name: str, handler: Handler, verb_help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = verbs.add_parser(name, help=verb_help, description=verb_help)
+        p.set_defaults(handler=handler)
+        return p
+
+    return add
+
+
 def _add_quota_commands(sub: Any) -> None:
     """``pgcounters quota VERB``: define quotas and limits, register calls, report, purge."""
-    quota = sub.add_parser(
+    add = _verb_group(
+        sub,
         "quota",
-        help="quotas and rate limits (define, limit, call, report, purge, ...)",
-        description="Quotas and rate limits: calls per subject per window, decided exactly. "
+        "quotas and rate limits (define, limit, call, report, purge, ...)",
+        "Quotas and rate limits: calls per subject per window, decided exactly. "
         "Instants are ISO 8601; without an offset they are UTC. "
         "Exit codes: 0 success (call: allowed), 1 error, 2 bad usage, 4 call refused.",
     )
-    verbs = quota.add_subparsers(dest="quota_command", required=True, metavar="VERB")
-
-    def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(handler=handler)
-        return p
 
     p = add("define", _cmd_quota_define, "define a quota, or change its default limit and log")
     p.add_argument("name")
@@ -1217,19 +1227,14 @@ def _cmd_quarantine_discard(args: argparse.Namespace, dsn: str) -> int:
 
 def _add_quarantine_commands(sub: Any) -> None:
     """``pgcounters quarantine VERB``: deltas the drain could not apply."""
-    quarantine = sub.add_parser(
+    add = _verb_group(
+        sub,
         "quarantine",
-        help="deltas the drain could not apply: list, replay, discard",
-        description="Deltas the drain could not apply (overflow, a key that does not cast, "
+        "deltas the drain could not apply: list, replay, discard",
+        "Deltas the drain could not apply (overflow, a key that does not cast, "
         "a dropped counter) are set aside with their error; the rest keeps draining. "
         "Exit codes: 0 success, 1 error or nothing matched, 2 bad usage.",
     )
-    verbs = quarantine.add_subparsers(dest="quarantine_command", required=True, metavar="VERB")
-
-    def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(handler=handler)
-        return p
 
     p = add("list", _cmd_quarantine_list, "list the deltas set aside, oldest first")
     p.add_argument("--counter", help="only this counter's")

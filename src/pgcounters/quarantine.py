@@ -82,12 +82,7 @@ def replay(
     ``everything``. Replay after fixing the cause: a delta that still cannot be
     applied is set aside again by the next drain.
     """
-    params = _selection(ids, counter, everything)
-    schema.check(conn)
-    with translated(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(_ops("quarantine_replay"), params)
-        row = cur.fetchone()
-    return int(row[0]) if row else 0
+    return _apply(conn, "quarantine_replay", _selection(ids, counter, everything))
 
 
 def discard(
@@ -98,9 +93,13 @@ def discard(
     everything: bool = False,
 ) -> int:
     """Delete set-aside deltas for good (chosen as for :func:`replay`); returns how many."""
-    params = _selection(ids, counter, everything)
+    return _apply(conn, "quarantine_discard", _selection(ids, counter, everything))
+
+
+def _apply(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> int:
+    """Run the named statement on the chosen deltas; how many it moved or deleted."""
     schema.check(conn)
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(_ops("quarantine_discard"), params)
+        cur.execute(_ops(name), params)
         row = cur.fetchone()
     return int(row[0]) if row else 0

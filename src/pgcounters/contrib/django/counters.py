@@ -23,10 +23,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import psycopg
-from django.db import connections, models
+from django.db import models
 
 from pgcounters.client import Counters
-from pgcounters.errors import ConfigurationError
+from pgcounters.contrib.django.db import raw_connection
 from pgcounters.keys import Key
 
 _clients: weakref.WeakKeyDictionary[psycopg.Connection[Any], Counters] = weakref.WeakKeyDictionary()
@@ -35,14 +35,7 @@ _clients: weakref.WeakKeyDictionary[psycopg.Connection[Any], Counters] = weakref
 def client(using: str = "default") -> Counters:
     """The :class:`~pgcounters.Counters` of Django's connection ``using`` (made once per
     underlying connection: its schema check and counter lookups are cached)."""
-    wrapper = connections[using]
-    wrapper.ensure_connection()
-    raw = wrapper.connection
-    if not isinstance(raw, psycopg.Connection):
-        raise ConfigurationError(
-            "pgcounters needs Django's PostgreSQL backend on psycopg 3 "
-            "(pip install 'psycopg[binary]')"
-        )
+    raw = raw_connection(using)
     found = _clients.get(raw)
     if found is None:
         found = _clients[raw] = Counters(raw)

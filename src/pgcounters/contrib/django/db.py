@@ -25,9 +25,8 @@ def dsn(using: str = "default") -> str:
 _LIBPQ = {"dbname", "user", "password", "host", "port", "sslmode", "options", "application_name"}
 
 
-@contextmanager
-def psycopg_connection(using: str = "default") -> Iterator[psycopg.Connection[Any]]:
-    """Django's own connection when it is a psycopg 3 one (same transaction), else an error."""
+def raw_connection(using: str = "default") -> psycopg.Connection[Any]:
+    """Django's own connection ``using`` when it is a psycopg 3 one, else an error."""
     wrapper = connections[using]
     wrapper.ensure_connection()
     raw = wrapper.connection
@@ -36,4 +35,10 @@ def psycopg_connection(using: str = "default") -> Iterator[psycopg.Connection[An
             "pgcounters needs Django's PostgreSQL backend on psycopg 3 "
             "(pip install 'psycopg[binary]')"
         )
-    yield raw
+    return raw
+
+
+@contextmanager
+def psycopg_connection(using: str = "default") -> Iterator[psycopg.Connection[Any]]:
+    """Django's own connection when it is a psycopg 3 one (same transaction), else an error."""
+    yield raw_connection(using)
