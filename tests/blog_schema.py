@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
 import truth
+from pgcounters.connection import Conn
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
 
 DDL = """
@@ -105,7 +104,7 @@ def truths() -> list[truth.Truth]:
     ]
 
 
-def create(conn: psycopg.Connection[Any], users: int = 5, articles: int = 5) -> None:
+def create(conn: Conn, users: int = 5, articles: int = 5) -> None:
     conn.execute(DDL)
     conn.execute(
         "INSERT INTO blog_user (username) SELECT 'u' || g FROM generate_series(1, %s) g", (users,)

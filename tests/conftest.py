@@ -12,7 +12,6 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -20,6 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 from pgcounters.embedded import FAST_SETTINGS, EmbeddedPostgres
 from pgcounters.schema import install
 
@@ -96,13 +96,13 @@ def empty_dsn(server_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+def conn(dsn: str) -> Iterator[Conn]:
     with psycopg.connect(dsn, autocommit=True) as c:
         yield c
 
 
 @pytest.fixture
-def pc(conn: psycopg.Connection[Any]) -> Counters:
+def pc(conn: Conn) -> Counters:
     return Counters(conn)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import psycopg
 from blog.models import Article, User
 from django.db.models import Count, Q, Sum
 
@@ -19,6 +18,7 @@ import truth
 from members.models import Member, Post
 from oddnames.models import Item, Owner
 from pgcounters import Counters
+from pgcounters.connection import Conn
 from pgcounters.contrib.django import declared_counters
 from pgcounters.contrib.django.db import psycopg_connection
 
@@ -29,7 +29,7 @@ def drain() -> None:
 
 
 def _per_pk(rows: Callable[[], Iterable[tuple[Any, Any]]]) -> truth.Reader:
-    def read(conn: psycopg.Connection[Any]) -> truth.Values:
+    def read(conn: Conn) -> truth.Values:
         return {(pk,): int(value or 0) for pk, value in rows()}
 
     return read

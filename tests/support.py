@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 from psycopg import sql
+
+from pgcounters.connection import Conn
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, step: float = 0.02) -> None:
@@ -20,7 +21,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, step: float =
         time.sleep(step)
 
 
-def queued(conn: psycopg.Connection[Any]) -> int:
+def queued(conn: Conn) -> int:
     """Deltas waiting in both queues."""
     row = conn.execute(
         "SELECT (SELECT count(*) FROM pgcounters.queue)"
@@ -30,7 +31,7 @@ def queued(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def tamper(conn: psycopg.Connection[Any], statement: str, params: Any = None) -> None:
+def tamper(conn: Conn, statement: str, params: Any = None) -> None:
     """Write a counter column by hand, as a bug or an operator would, past its guard.
 
     The guard lets pgcounters' own writers through when they turn on
@@ -42,7 +43,7 @@ def tamper(conn: psycopg.Connection[Any], statement: str, params: Any = None) ->
         conn.execute(statement, params)
 
 
-def waiting_on_lock(observer: psycopg.Connection[Any], pid: int) -> bool:
+def waiting_on_lock(observer: Conn, pid: int) -> bool:
     """Whether the backend ``pid`` is waiting for a lock now (``pg_stat_activity``)."""
     row = observer.execute(
         "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
@@ -50,12 +51,12 @@ def waiting_on_lock(observer: psycopg.Connection[Any], pid: int) -> bool:
     return row is not None and row[0] == "Lock"
 
 
-def wait_for_lock_wait(observer: psycopg.Connection[Any], pid: int, timeout: float = 60.0) -> None:
+def wait_for_lock_wait(observer: Conn, pid: int, timeout: float = 60.0) -> None:
     """Wait until the backend ``pid`` is seen waiting for a lock; fail the test otherwise."""
     wait_for(lambda: waiting_on_lock(observer, pid), timeout=timeout)
 
 
-def set_clock(conn: psycopg.Connection[Any], instant: dt.datetime | None) -> None:
+def set_clock(conn: Conn, instant: dt.datetime | None) -> None:
     """Set the quotas' clock of this session (the setting ``pgcounters.now``); None: now()."""
     conn.execute(
         "SELECT set_config('pgcounters.now', %s, false)",
@@ -63,7 +64,7 @@ def set_clock(conn: psycopg.Connection[Any], instant: dt.datetime | None) -> Non
     )
 
 
-def set_database_clock(conn: psycopg.Connection[Any], instant: dt.datetime) -> None:
+def set_database_clock(conn: Conn, instant: dt.datetime) -> None:
     """Set the quotas' clock of every new session of the connection's database, and of this
     one: for tests whose quota calls come from many connections."""
     name = conn.info.dbname
@@ -75,7 +76,7 @@ def set_database_clock(conn: psycopg.Connection[Any], instant: dt.datetime) -> N
     set_clock(conn, instant)
 
 
-def lock_waiters(conn: psycopg.Connection[Any]) -> int:
+def lock_waiters(conn: Conn) -> int:
     """Backends of this database waiting for a lock now (``pg_stat_activity``)."""
     row = conn.execute(
         "SELECT count(*) FROM pg_stat_activity"
@@ -84,7 +85,7 @@ def lock_waiters(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def deadlocks(conn: psycopg.Connection[Any]) -> int:
+def deadlocks(conn: Conn) -> int:
     """Deadlocks PostgreSQL has detected in this database (``pg_stat_database``, read
     afresh: not from a statistics snapshot the transaction may hold)."""
     conn.execute("SELECT pg_stat_clear_snapshot()")

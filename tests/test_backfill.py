@@ -16,6 +16,7 @@ import pytest
 
 import blog_schema
 from pgcounters import Counters, backfill, triggers
+from pgcounters.connection import Conn
 from pgcounters.errors import CounterBackfilling
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
 from support import wait_for
@@ -38,7 +39,7 @@ STORED = {
 
 
 @pytest.fixture
-def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def blog(conn: Conn) -> Conn:
     blog_schema.create(conn)
     conn.execute("INSERT INTO blog_user (username) SELECT 'u' || i FROM generate_series(1, 5) i")
     conn.execute("INSERT INTO blog_article (title) SELECT 'a' || i FROM generate_series(1, 40) i")
@@ -55,16 +56,16 @@ def column_specs() -> list[CounterSpec]:
     return [s for s in blog_schema.specs() if s.name in TRUTH]
 
 
-def rows(conn: psycopg.Connection[Any], query: str, params: Any = None) -> list[tuple[int, int]]:
+def rows(conn: Conn, query: str, params: Any = None) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in conn.execute(query, params).fetchall()]
 
 
-def assert_exact(conn: psycopg.Connection[Any], name: str) -> None:
+def assert_exact(conn: Conn, name: str) -> None:
     Counters(conn).drain()
     assert rows(conn, STORED[name]) == rows(conn, TRUTH[name]), name
 
 
-def test_install_over_existing_rows_counts_them(blog: psycopg.Connection[Any]) -> None:
+def test_install_over_existing_rows_counts_them(blog: Conn) -> None:
     assert max(n for _, n in rows(blog, TRUTH["blog.article.public_comments"])) >= 20
     triggers.install(blog, column_specs())
     assert backfill.pending(blog) == []
@@ -72,7 +73,7 @@ def test_install_over_existing_rows_counts_them(blog: psycopg.Connection[Any]) -
         assert_exact(blog, name)
 
 
-def test_a_changed_filter_or_sum_is_backfilled(blog: psycopg.Connection[Any]) -> None:
+def test_a_changed_filter_or_sum_is_backfilled(blog: Conn) -> None:
     triggers.install(blog, column_specs())
     blog.execute("INSERT INTO blog_comment (article_id, publish_status, score) VALUES (3, 'x', 7)")
     narrowed = CounterSpec(
@@ -93,7 +94,7 @@ def test_a_changed_filter_or_sum_is_backfilled(blog: psycopg.Connection[Any]) ->
 
 
 def test_a_backfill_goes_batch_by_batch_resumes_and_reads_refuse_meanwhile(
-    blog: psycopg.Connection[Any], dsn: str
+    blog: Conn, dsn: str
 ) -> None:
     triggers.install(blog, column_specs(), backfill=False)
     pending = {b.name: b for b in backfill.pending(blog)}
@@ -132,13 +133,13 @@ def test_a_backfill_goes_batch_by_batch_resumes_and_reads_refuse_meanwhile(
     assert pc.get("blog.article.public_comments", 40) == truth[40]
 
 
-def test_uninstall_forgets_a_pending_backfill(blog: psycopg.Connection[Any]) -> None:
+def test_uninstall_forgets_a_pending_backfill(blog: Conn) -> None:
     triggers.install(blog, column_specs(), backfill=False)
     triggers.uninstall(blog, "blog.article.score_total")
     assert [b.name for b in backfill.pending(blog)] == ["blog.article.public_comments"]
 
 
-def test_a_worker_round_runs_backfill_batches(blog: psycopg.Connection[Any], dsn: str) -> None:
+def test_a_worker_round_runs_backfill_batches(blog: Conn, dsn: str) -> None:
     from pgcounters.worker import Worker, WorkerSettings
 
     triggers.install(blog, column_specs(), backfill=False)
@@ -150,7 +151,7 @@ def test_a_worker_round_runs_backfill_batches(blog: psycopg.Connection[Any], dsn
         assert_exact(blog, name)
 
 
-def test_status_shows_backfills(blog: psycopg.Connection[Any]) -> None:
+def test_status_shows_backfills(blog: Conn) -> None:
     from pgcounters import status
 
     triggers.install(blog, column_specs(), backfill=False)
@@ -164,7 +165,7 @@ def test_status_shows_backfills(blog: psycopg.Connection[Any]) -> None:
     assert "backfills: none" in status.text(status.get_status(blog))
 
 
-def test_named_counters_are_backfilled_too(blog: psycopg.Connection[Any]) -> None:
+def test_named_counters_are_backfilled_too(blog: Conn) -> None:
     named = [s for s in blog_schema.specs() if s.name not in TRUTH and not s.key_types]
     named += [s for s in blog_schema.specs() if s.name == "blog.comments_per_article_day"]
     triggers.install(blog, named, backfill=False)
@@ -190,7 +191,7 @@ def test_named_counters_are_backfilled_too(blog: psycopg.Connection[Any]) -> Non
 
 
 def test_the_backfill_and_list_commands(
-    blog: psycopg.Connection[Any], dsn: str, capsys: pytest.CaptureFixture[str]
+    blog: Conn, dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from pgcounters import cli
 
@@ -212,7 +213,7 @@ def test_the_backfill_and_list_commands(
 
 
 def test_a_backfill_waits_without_spinning_for_a_row_an_application_holds(
-    dsn: str, blog: psycopg.Connection[Any]
+    dsn: str, blog: Conn
 ) -> None:
     """The backfill leaves a busy row alone and tries it again after a pause that grows,
     and finishes exact once the row is free (it ran thousands of transactions a second)."""

@@ -8,13 +8,13 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any
 
 import psycopg
 import pytest
 
 from pgcounters import Counters
 from pgcounters.batching import BatchingCounters
+from pgcounters.connection import Conn
 from pgcounters.errors import (
     BufferClosed,
     BufferFlushFailed,
@@ -26,14 +26,14 @@ from pgcounters.errors import (
 )
 
 
-def block_queue_writes(conn: psycopg.Connection[Any]) -> None:
+def block_queue_writes(conn: Conn) -> None:
     """Make every INSERT of a positive delta into the queue fail."""
     conn.execute(
         "ALTER TABLE pgcounters.queue ADD CONSTRAINT block_writes CHECK (delta < 0) NOT VALID"
     )
 
 
-def unblock_queue_writes(conn: psycopg.Connection[Any]) -> None:
+def unblock_queue_writes(conn: Conn) -> None:
     conn.execute("ALTER TABLE pgcounters.queue DROP CONSTRAINT block_writes")
 
 
@@ -90,9 +90,7 @@ def test_writes_on_time(dsn: str, pc: Counters) -> None:
         assert batcher.pending() == 0
 
 
-def test_a_failed_write_keeps_the_deltas(
-    dsn: str, pc: Counters, conn: psycopg.Connection[Any]
-) -> None:
+def test_a_failed_write_keeps_the_deltas(dsn: str, pc: Counters, conn: Conn) -> None:
     pc.create_counter("c", key=int)
     errors: list[BaseException] = []
     batcher = BatchingCounters(
@@ -142,7 +140,7 @@ def test_a_broken_connection_is_reopened(dsn: str, pc: Counters) -> None:
 
 
 def test_when_writes_keep_failing_the_buffer_refuses_new_keys(
-    dsn: str, pc: Counters, conn: psycopg.Connection[Any]
+    dsn: str, pc: Counters, conn: Conn
 ) -> None:
     pc.create_counter("c", key=int)
     batcher = BatchingCounters(dsn, interval=None, flush_at_exit=False, max_buffered=4)
@@ -186,7 +184,7 @@ def test_bad_input_is_refused_at_incr_and_nothing_is_buffered(dsn: str, pc: Coun
 
 
 def test_increments_in_a_transaction_count_only_if_it_commits(
-    dsn: str, pc: Counters, conn: psycopg.Connection[Any]
+    dsn: str, pc: Counters, conn: Conn
 ) -> None:
     pc.create_counter("c")
     conn.execute("CREATE TABLE page (id int)")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import psycopg
 
 from pgcounters import Counters, sqlfiles
 from pgcounters.bench import SCENARIOS, blog
+from pgcounters.connection import Conn
 
 
 def test_the_scenarios_are_registered() -> None:
@@ -47,7 +47,7 @@ def test_trigger_overhead_is_exact_with_and_without_foreign_keys(dsn: str) -> No
         assert conn.execute("SELECT to_regnamespace('seed000')").fetchone() == (None,)
 
 
-def test_the_exactness_check_sees_a_wrong_count(conn: psycopg.Connection[Any]) -> None:
+def test_the_exactness_check_sees_a_wrong_count(conn: Conn) -> None:
     blog.prepare(conn, 20, 30)
     for table in (blog.SEED, blog.PGC):
         conn.execute(

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any
 
 import psycopg
 import pytest
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 
 
 def test_global_counter_queued(pc: Counters) -> None:
@@ -45,7 +45,7 @@ def test_each_key_type_round_trips(pc: Counters) -> None:
     assert pc.get("by.composite", (42, day + dt.timedelta(days=1))) == 0
 
 
-def test_keys_match_postgresql_casts(pc: Counters, conn: psycopg.Connection[Any]) -> None:
+def test_keys_match_postgresql_casts(pc: Counters, conn: Conn) -> None:
     """Triggers build keys with SQL casts; the client must produce the same text."""
     pc.create_counter("k", ("bigint", "uuid", "date"))
     uid = uuid.uuid4()
@@ -58,7 +58,7 @@ def test_keys_match_postgresql_casts(pc: Counters, conn: psycopg.Connection[Any]
     assert row == (True,)
 
 
-def test_unlogged_counter(pc: Counters, conn: psycopg.Connection[Any]) -> None:
+def test_unlogged_counter(pc: Counters, conn: Conn) -> None:
     pc.create_counter("views", int, mode="unlogged")
     for _ in range(3):
         pc.incr("views", 1)
@@ -142,7 +142,7 @@ def test_uncommitted_deltas_are_invisible_to_others(dsn: str) -> None:
         assert Counters(reader).get("c", 1) == 5
 
 
-def test_column_counter(pc: Counters, conn: psycopg.Connection[Any]) -> None:
+def test_column_counter(pc: Counters, conn: Conn) -> None:
     conn.execute(
         'CREATE TABLE "Blog Article" (id serial PRIMARY KEY, "public comments" int NOT NULL '
         "DEFAULT 0)"
@@ -165,7 +165,7 @@ def test_column_counter(pc: Counters, conn: psycopg.Connection[Any]) -> None:
     assert pc.get_many("article.comments", [2, 1]) == [1, 3]
 
 
-def test_direct_column_counter(pc: Counters, conn: psycopg.Connection[Any]) -> None:
+def test_direct_column_counter(pc: Counters, conn: Conn) -> None:
     conn.execute("CREATE TABLE art (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
     conn.execute("INSERT INTO art (id) VALUES (1)")
     pc.create_column_counter("art.n", "art", "n", mode="direct")
@@ -185,7 +185,7 @@ def test_create_counter_is_idempotent_and_drop_forgets(pc: Counters) -> None:
     assert [c.name for c in pc.counters()] == []
 
 
-def test_sql_functions_for_plain_sql_users(pc: Counters, conn: psycopg.Connection[Any]) -> None:
+def test_sql_functions_for_plain_sql_users(pc: Counters, conn: Conn) -> None:
     pc.create_counter("s", int)
     pc.create_counter("d", None, mode="direct")
     conn.execute("SELECT pgcounters.incr('s', ARRAY['5'], 2)")

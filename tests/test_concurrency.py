@@ -7,11 +7,11 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 
 WRITERS = 8
 HOT = 3
@@ -224,7 +224,7 @@ def test_queued_transactions_in_random_order_never_deadlock(dsn: str, pc: Counte
     assert (pc.get("a"), pc.get("b")) == (40, 40)
 
 
-def test_update_in_opposite_orders_does_deadlock(dsn: str, conn: psycopg.Connection[Any]) -> None:
+def test_update_in_opposite_orders_does_deadlock(dsn: str, conn: Conn) -> None:
     """The same schedule with plain UPDATE, to show the test above would catch a deadlock."""
     conn.execute("CREATE TABLE cnt (name text PRIMARY KEY, v int NOT NULL)")
     conn.execute("INSERT INTO cnt VALUES ('a', 0), ('b', 0)")

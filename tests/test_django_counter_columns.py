@@ -22,6 +22,7 @@ from django.test import Client
 
 from members.models import Member, Post
 from pgcounters import Counters
+from pgcounters.connection import Conn
 from pgcounters.contrib.django import Exact
 from pgcounters.contrib.django.db import dsn
 from pgcounters.dberrors import translate
@@ -56,7 +57,7 @@ def stored(article: Article) -> tuple[int, int]:
 
 
 @pytest.fixture
-def worker() -> Iterator[psycopg.Connection[Any]]:
+def worker() -> Iterator[Conn]:
     """A connection of its own, as a worker beside the application has."""
     with psycopg.connect(dsn(), autocommit=True) as conn:
         yield conn
@@ -119,7 +120,7 @@ def test_get_or_create_and_update_or_create_keep_the_counters(article: Article) 
     assert exact(article) == stored(article) == truth(article) == (2, 5)
 
 
-def test_set_password_and_save_on_a_user_with_counters(worker: psycopg.Connection[Any]) -> None:
+def test_set_password_and_save_on_a_user_with_counters(worker: Conn) -> None:
     member = Member.objects.create(username="ann")
     stale = Member.objects.get(pk=member.pk)
     Post.objects.create(author=member, published=True)
@@ -137,7 +138,7 @@ def test_set_password_and_save_on_a_user_with_counters(worker: psycopg.Connectio
 
 
 def test_the_admin_change_form_keeps_the_counters(
-    admin_client: Client, article: Article, worker: psycopg.Connection[Any]
+    admin_client: Client, article: Article, worker: Conn
 ) -> None:
     comment(article)
 
@@ -179,9 +180,7 @@ def test_queryset_update_of_a_counter_is_refused(article: Article) -> None:
     assert exact(article) == stored(article) == truth(article) == (1, 3)
 
 
-def test_a_raw_update_from_another_program_is_refused(
-    article: Article, worker: psycopg.Connection[Any]
-) -> None:
+def test_a_raw_update_from_another_program_is_refused(article: Article, worker: Conn) -> None:
     with pytest.raises(psycopg.Error) as raised:
         worker.execute("UPDATE blog_article SET public_comments = 0 WHERE id = %s", (article.pk,))
     assert raised.value.sqlstate == "PCC01"
@@ -193,7 +192,7 @@ def test_a_raw_update_from_another_program_is_refused(
     assert exact(article) == stored(article) == truth(article) == (1, 3)
 
 
-def test_a_raw_insert_from_another_program_starts_at_zero(worker: psycopg.Connection[Any]) -> None:
+def test_a_raw_insert_from_another_program_starts_at_zero(worker: Conn) -> None:
     row = worker.execute("INSERT INTO blog_article (title) VALUES ('raw') RETURNING id").fetchone()
     assert row is not None
     forced = worker.execute(
@@ -206,9 +205,7 @@ def test_a_raw_insert_from_another_program_starts_at_zero(worker: psycopg.Connec
         assert stored(a) == truth(a) == (0, 0)
 
 
-def test_pgcounters_own_writers_still_apply(
-    article: Article, worker: psycopg.Connection[Any]
-) -> None:
+def test_pgcounters_own_writers_still_apply(article: Article, worker: Conn) -> None:
     # the drain, a recount and a TRUNCATE of the counted table write the column
     comment(article, 4)
     Counters(worker).drain()

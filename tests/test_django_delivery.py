@@ -7,7 +7,6 @@ import re
 from io import StringIO
 from typing import Any
 
-import psycopg
 import pytest
 from django.core.management import call_command
 from django.db.models import Count, Q, Sum
@@ -17,6 +16,7 @@ from django_support import assert_exact
 from oddnames.models import Item, Owner
 from pgcounters import Counters
 from pgcounters.compiler import compile_spec
+from pgcounters.connection import Conn
 from pgcounters.contrib.django import declared_counters
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.migration_deps import adds_counter_trigger
@@ -27,7 +27,7 @@ from pgcounters.triggers import drift, installed, record, uninstall
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _function_source(conn: psycopg.Connection[Any], trigger: str) -> str:
+def _function_source(conn: Conn, trigger: str) -> str:
     row = conn.execute(
         "SELECT p.prosrc FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid WHERE t.tgname = %s",
         [trigger],

@@ -8,12 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
 
 import psycopg
 import pytest
 
 from pgcounters import Counters, cli
+from pgcounters.connection import Conn
 
 
 def run(capsys: pytest.CaptureFixture[str], dsn: str, *args: str) -> tuple[int, str, str]:
@@ -70,7 +70,7 @@ def test_quiet_prints_nothing_but_errors_still_show(
 
 
 def test_statement_timeout_aborts_a_stuck_batch_and_keeps_its_deltas(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters, capsys: pytest.CaptureFixture[str]
+    dsn: str, conn: Conn, pc: Counters, capsys: pytest.CaptureFixture[str]
 ) -> None:
     conn.execute("CREATE TABLE article (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
     conn.execute("INSERT INTO article (id) VALUES (1)")
@@ -87,7 +87,7 @@ def test_statement_timeout_aborts_a_stuck_batch_and_keeps_its_deltas(
 
 
 def test_sigterm_stops_after_the_current_batch_with_exit_3(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     pc.create_counter("c", int)
     conn.execute(

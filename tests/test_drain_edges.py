@@ -4,20 +4,20 @@ deltas in another order, holes in ids, a column counter whose table is gone."""
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import psycopg
 import pytest
 
 from pgcounters import Counters
 from pgcounters.client import DrainResult
+from pgcounters.connection import Conn
 from pgcounters.worker import Worker, WorkerSettings
 from support import lock_waiters, wait_for
 
 ENQUEUE = "INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s, 1)"
 
 
-def other_drainer_holds_the_head(dsn: str, rows: int) -> psycopg.Connection[Any]:
+def other_drainer_holds_the_head(dsn: str, rows: int) -> Conn:
     """A drainer of the SKIP LOCKED form in the middle of its batch: the first rows taken."""
     other = psycopg.connect(dsn)
     other.execute(
@@ -30,7 +30,7 @@ def other_drainer_holds_the_head(dsn: str, rows: int) -> psycopg.Connection[Any]
 
 @pytest.mark.parametrize("forget", ["reset_target", "drop_counter"])
 def test_deleting_a_counters_deltas_waits_for_the_range_drainer_without_deadlock(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters, forget: str
+    dsn: str, conn: Conn, pc: Counters, forget: str
 ) -> None:
     t = pc.create_counter("t", key=int).id
     u = pc.create_counter("u", key=int).id
@@ -80,7 +80,7 @@ def test_deleting_a_counters_deltas_waits_for_the_range_drainer_without_deadlock
 
 
 def test_drain_goes_on_when_another_drainer_held_its_range(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     n = pc.create_counter("n").id
     conn.execute(
@@ -105,9 +105,7 @@ def test_drain_goes_on_when_another_drainer_held_its_range(
     assert pc.pending() == (0, 0)
 
 
-def test_the_worker_does_not_wait_between_short_batches(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_the_worker_does_not_wait_between_short_batches(dsn: str, conn: Conn, pc: Counters) -> None:
     """Every other id is a hole (rolled-back inserts): every batch is half full. A worker
     that waited after each short batch would need 40 x 30 s here."""
     c = pc.create_counter("c", key=int).id
@@ -132,7 +130,7 @@ def test_the_worker_does_not_wait_between_short_batches(
 
 
 def test_a_column_counter_whose_table_is_gone_does_not_stop_the_others(
-    conn: psycopg.Connection[Any], pc: Counters
+    conn: Conn, pc: Counters
 ) -> None:
     pc.create_counter("n")
     conn.execute("CREATE TABLE parent (id bigint PRIMARY KEY, cnt bigint NOT NULL DEFAULT 0)")
@@ -153,7 +151,7 @@ def test_a_column_counter_whose_table_is_gone_does_not_stop_the_others(
 
 
 def test_two_column_counters_of_one_table_never_wait_for_a_row_another_transaction_holds(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     """A count and a sum kept in one table, and a recount holding row 1 while it goes on to
     row 2: the drain takes that table's rows without waiting, applies row 2 and leaves

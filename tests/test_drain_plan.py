@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import sql
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 
 
-def _scans(conn: psycopg.Connection[Any], table: str) -> tuple[int, int]:
+def _scans(conn: Conn, table: str) -> tuple[int, int]:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
         "SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_user_tables"
@@ -28,7 +28,7 @@ def _scans(conn: psycopg.Connection[Any], table: str) -> tuple[int, int]:
 
 @pytest.mark.parametrize(("table", "mode"), [("queue", "queued"), ("queue_unlogged", "unlogged")])
 def test_claim_uses_the_index_at_one_million_queued(
-    conn: psycopg.Connection[Any], pc: Counters, table: str, mode: Any
+    conn: Conn, pc: Counters, table: str, mode: Any
 ) -> None:
     if conn.info.server_version < 150000:
         pytest.skip("pg_stat_force_next_flush() needs PostgreSQL 15")

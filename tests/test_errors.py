@@ -22,6 +22,7 @@ from pgcounters import (
     UnknownCounter,
 )
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 
 BIG = 2**63 - 1
 
@@ -37,7 +38,7 @@ def test_invalid_counter_names(pc: Counters, name: Any) -> None:
     assert pc.counters() == []
 
 
-def test_the_database_enforces_names_too(conn: psycopg.Connection[Any], pc: Counters) -> None:
+def test_the_database_enforces_names_too(conn: Conn, pc: Counters) -> None:
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("SELECT pgcounters.create_counter('bad name')")
     assert pc.counters() == []
@@ -116,7 +117,7 @@ def test_overflow_in_a_direct_counter(pc: Counters) -> None:
 
 
 def test_overflow_when_draining_sets_the_delta_aside_and_drains_the_rest(
-    conn: psycopg.Connection[Any], pc: Counters
+    conn: Conn, pc: Counters
 ) -> None:
     pc.create_counter("q", int)
     pc.incr("q", 1, BIG)
@@ -150,7 +151,7 @@ def test_conflicting_definitions(pc: Counters) -> None:
     assert [(c.name, c.key_types, c.mode) for c in pc.counters()] == [("c", ("bigint",), "queued")]
 
 
-def test_bad_modes_and_column_targets(pc: Counters, conn: psycopg.Connection[Any]) -> None:
+def test_bad_modes_and_column_targets(pc: Counters, conn: Conn) -> None:
     with pytest.raises(InvalidCounterDefinition):
         pc.create_counter("c", int, mode="fast")  # type: ignore[arg-type]
     with pytest.raises(InvalidCounterDefinition):

@@ -29,6 +29,7 @@ import blog_schema
 import truth
 from pgcounters import Counters, triggers
 from pgcounters.batching import BatchingCounters
+from pgcounters.connection import Conn
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.errors import (
     BatchAborted,
@@ -227,7 +228,7 @@ OPS = ["incr queued", "incr direct", "drain", "recount", "quota call"]
 FAULTS = ["statement timeout", "lock timeout", "terminated"]
 
 
-def _state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+def _state(conn: Conn) -> tuple[Any, ...]:
     return tuple(
         conn.execute(s).fetchall()
         for s in (
@@ -241,9 +242,7 @@ def _state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("op", OPS)
-def test_fault_in_the_middle_of(
-    dsn: str, conn: psycopg.Connection[Any], op: str, fault: str
-) -> None:
+def test_fault_in_the_middle_of(dsn: str, conn: Conn, op: str, fault: str) -> None:
     pc = Counters(conn)
     pc.create_counter("q", int)
     pc.create_counter("d", int, mode="direct")
@@ -274,7 +273,7 @@ def test_fault_in_the_middle_of(
     }[op]
     ids = {"q": pc.counter("q").id, "d": pc.counter("d").id, "c": pc.counter(spec.name).id}
 
-    def act(c: psycopg.Connection[Any]) -> None:
+    def act(c: Conn) -> None:
         if op == "incr queued":
             Counters(c).incr("q", 1, 1)
         elif op == "incr direct":
@@ -332,7 +331,7 @@ def test_fault_in_the_middle_of(
     _figures(f"{op}: {fault}", faults=1, retries=1)
 
 
-def _terminate_when_waiting(dsn: str, victim: psycopg.Connection[Any]) -> None:
+def _terminate_when_waiting(dsn: str, victim: Conn) -> None:
     pid = victim.info.backend_pid
     with psycopg.connect(dsn, autocommit=True) as admin:
         for _ in range(500):

@@ -22,6 +22,7 @@ from psycopg import sql
 import truth
 from pgcounters import Counters, triggers
 from pgcounters.cli import run
+from pgcounters.connection import Conn
 from pgcounters.errors import PgCountersError
 from pgcounters.keys import NAME_RE
 from pgcounters.quotas import Quotas
@@ -46,7 +47,7 @@ texts = st.one_of(
 )
 
 
-def _state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+def _state(conn: Conn) -> tuple[Any, ...]:
     return tuple(
         conn.execute(s).fetchall()
         for s in (
@@ -62,7 +63,7 @@ def _state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
 
 
 @contextlib.contextmanager
-def refused_leaves_nothing(conn: psycopg.Connection[Any]) -> Iterator[list[bool]]:
+def refused_leaves_nothing(conn: Conn) -> Iterator[list[bool]]:
     """Yields a list that holds True if the body raised a PgCountersError (then the
     database must be as before); any other exception fails the test."""
     before = _state(conn)
@@ -79,7 +80,7 @@ def refused_leaves_nothing(conn: psycopg.Connection[Any]) -> Iterator[list[bool]
 
 @FUZZ
 @given(name=texts, mode=st.sampled_from(["queued", "unlogged", "direct"]))
-def test_counter_names(conn: psycopg.Connection[Any], name: str, mode: Any) -> None:
+def test_counter_names(conn: Conn, name: str, mode: Any) -> None:
     pc = Counters(conn)
     with refused_leaves_nothing(conn) as refused:
         created = pc.create_counter(name, str, mode=mode)
@@ -102,7 +103,7 @@ def test_counter_names(conn: psycopg.Connection[Any], name: str, mode: Any) -> N
     definer=st.booleans(),
 )
 def test_text_keys_round_trip(
-    conn: psycopg.Connection[Any], parts: list[str], delta: int, mode: Any, definer: bool
+    conn: Conn, parts: list[str], delta: int, mode: Any, definer: bool
 ) -> None:
     pc = Counters(conn)
     # direct counters: the plain upsert of a privileged role, or the SECURITY DEFINER
@@ -140,7 +141,7 @@ def _encodable(parts: list[str]) -> bool:
 
 
 @pytest.mark.parametrize("bad", ["a\x00b", "\ud800", "x" * 1001])
-def test_each_api_refuses_unstorable_text(conn: psycopg.Connection[Any], bad: str) -> None:
+def test_each_api_refuses_unstorable_text(conn: Conn, bad: str) -> None:
     pc = Counters(conn)
     pc.create_counter("t", str)
     quotas = Quotas(conn)
@@ -167,9 +168,7 @@ def test_each_api_refuses_unstorable_text(conn: psycopg.Connection[Any], bad: st
 
 @FUZZ
 @given(quota=texts, subject=texts, cost=st.integers(min_value=-2, max_value=3))
-def test_quota_names_and_subjects(
-    conn: psycopg.Connection[Any], quota: str, subject: str, cost: int
-) -> None:
+def test_quota_names_and_subjects(conn: Conn, quota: str, subject: str, cost: int) -> None:
     quotas = Quotas(conn)
     for earlier in quotas.quotas():  # nothing of an earlier example is left
         quotas.drop_quota(earlier.name)
@@ -227,9 +226,7 @@ def test_spec_identifiers(identifier: str, column: str) -> None:
         "x" * 63,
     ],
 )
-def test_declared_counter_on_identifiers_that_need_quoting(
-    conn: psycopg.Connection[Any], table: str
-) -> None:
+def test_declared_counter_on_identifiers_that_need_quoting(conn: Conn, table: str) -> None:
     assert len(table.encode()) <= 63
     child = table[:-1] + "c"
     column = "cnt" + table[3:]
@@ -298,7 +295,7 @@ def test_declared_counter_on_identifiers_that_need_quoting(
 
 @FUZZ
 @given(table=st.one_of(texts, st.tuples(texts, texts)), column=texts)
-def test_column_counter_tables(conn: psycopg.Connection[Any], table: Any, column: str) -> None:
+def test_column_counter_tables(conn: Conn, table: Any, column: str) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS parent (id bigint PRIMARY KEY, n bigint)")
     pc = Counters(conn)
     with refused_leaves_nothing(conn) as refused:
@@ -355,7 +352,7 @@ def test_cli_quota_call(dsn: str, subject: str, quota: str) -> None:
         st.booleans(),
     )
 )
-def test_top_and_drain_sizes(conn: psycopg.Connection[Any], n: Any) -> None:
+def test_top_and_drain_sizes(conn: Conn, n: Any) -> None:
     pc = Counters(conn)
     pc.drop_counter("t")
     pc.create_counter("t", int)

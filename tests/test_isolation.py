@@ -24,6 +24,7 @@ from psycopg import errors as pg
 import blog_schema
 import truth
 from pgcounters import Counters, triggers
+from pgcounters.connection import Conn
 from pgcounters.quotas import Quotas
 from support import set_database_clock
 
@@ -39,9 +40,7 @@ NOON = dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.UTC)
 RETRYABLE = (pg.SerializationFailure, pg.DeadlockDetected)
 
 
-def _run_retrying(
-    conn: psycopg.Connection[Any], work: Callable[[], None], rng: random.Random
-) -> int:
+def _run_retrying(conn: Conn, work: Callable[[], None], rng: random.Random) -> int:
     """Run ``work`` in a transaction until it commits; return the number of retries."""
     for retries in range(200):
         try:
@@ -56,7 +55,7 @@ def _run_retrying(
 @pytest.mark.parametrize("trigger_mode", ["queued", "direct"])
 @pytest.mark.parametrize("level", LEVELS, ids=lambda lv: lv.name.lower())
 def test_concurrent_transactions_count_exactly(
-    dsn: str, conn: psycopg.Connection[Any], level: psycopg.IsolationLevel, trigger_mode: Any
+    dsn: str, conn: Conn, level: psycopg.IsolationLevel, trigger_mode: Any
 ) -> None:
     pc = Counters(conn)
     pc.create_counter("q", int)
@@ -143,7 +142,7 @@ def test_concurrent_transactions_count_exactly(
 @pytest.mark.parametrize("level", LEVELS[1:], ids=lambda lv: lv.name.lower())
 @pytest.mark.parametrize("what", ["direct counter", "quota call", "direct column counter"])
 def test_a_concurrent_update_is_postgresqls_own_serialization_failure(
-    dsn: str, conn: psycopg.Connection[Any], level: psycopg.IsolationLevel, what: str
+    dsn: str, conn: Conn, level: psycopg.IsolationLevel, what: str
 ) -> None:
     pc = Counters(conn)
     pc.create_counter("d", int, mode="direct")
@@ -154,7 +153,7 @@ def test_a_concurrent_update_is_postgresqls_own_serialization_failure(
     set_database_clock(conn, NOON)
     pc.incr("d", 1)  # the row exists: the second writer meets a concurrent update
 
-    def act(c: psycopg.Connection[Any]) -> None:
+    def act(c: Conn) -> None:
         if what == "direct counter":
             Counters(c).incr("d", 1)
         elif what == "direct column counter":
@@ -182,9 +181,7 @@ def test_a_concurrent_update_is_postgresqls_own_serialization_failure(
         assert pc.get(name, 1) == value
 
 
-def test_queued_increments_never_conflict_at_serializable(
-    dsn: str, conn: psycopg.Connection[Any]
-) -> None:
+def test_queued_increments_never_conflict_at_serializable(dsn: str, conn: Conn) -> None:
     Counters(conn).create_counter("q", int)
     with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
         for c in (first, second):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any
 
 import psycopg
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 from pgcounters.recount import recount
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
 from pgcounters.triggers import install
@@ -184,7 +184,7 @@ TRUTH = {
 
 
 def test_applications_workers_and_recounts_together_never_deadlock_and_end_exact(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     conn.execute(DDL)
     conn.execute(

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import psycopg
 import pytest
 
 from pgcounters import Counters
 from pgcounters.client import BatchResult, Mode
+from pgcounters.connection import Conn
 from pgcounters.worker import Worker, WorkerSettings
 from support import deadlocks, lock_waiters, wait_for
 
 
-def articles(conn: psycopg.Connection[Any], pc: Counters, mode: Mode = "queued") -> int:
+def articles(conn: Conn, pc: Counters, mode: Mode = "queued") -> int:
     conn.execute(
         "CREATE TABLE blog_article (id bigint PRIMARY KEY, body text NOT NULL DEFAULT '',"
         " comments bigint NOT NULL DEFAULT 0);"
@@ -26,13 +26,13 @@ def articles(conn: psycopg.Connection[Any], pc: Counters, mode: Mode = "queued")
     return pc.create_column_counter("article.comments", "blog_article", "comments", mode=mode).id
 
 
-def comments(conn: psycopg.Connection[Any]) -> dict[int, int]:
+def comments(conn: Conn) -> dict[int, int]:
     return dict(conn.execute("SELECT id, comments FROM blog_article ORDER BY id").fetchall())
 
 
 @pytest.mark.parametrize("mode", ["queued", "unlogged"])
 def test_a_drain_beside_an_application_locking_two_rows_in_any_order_never_deadlocks(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters, mode: Mode
+    dsn: str, conn: Conn, pc: Counters, mode: Mode
 ) -> None:
     """The application updates article 2, the drain applies deltas of 1 and 2, then the
     application updates article 1. The drain used to lock 1, wait for 2, and the
@@ -73,7 +73,7 @@ def test_a_drain_beside_an_application_locking_two_rows_in_any_order_never_deadl
 
 
 def test_a_busy_row_does_not_stop_the_drain_of_others_nor_lose_its_age(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     articles(conn, pc)
     conn.execute(
@@ -102,7 +102,7 @@ def test_a_busy_row_does_not_stop_the_drain_of_others_nor_lose_its_age(
 
 
 def test_a_row_held_busy_by_the_application_is_applied_by_the_worker_once_free(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     """No starvation: while the application holds article 3, the worker applies every
     other delta and keeps article 3's queued; once the application commits, the worker

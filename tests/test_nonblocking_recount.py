@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 import psycopg
 import pytest
 
 import blog_schema
 from pgcounters import BatchAborted, Counters, cli
+from pgcounters.connection import Conn
 from pgcounters.recount import RecountResult, recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
 from pgcounters.triggers import install
@@ -21,7 +21,7 @@ from support import deadlocks, lock_waiters, tamper, wait_for
 SPEC = "blog.article.public_comments"
 
 
-def retries(conn: psycopg.Connection[Any], operation: str) -> int:
+def retries(conn: Conn, operation: str) -> int:
     row = conn.execute(
         "SELECT coalesce(sum(retries), 0) FROM pgcounters.retries WHERE operation = %s",
         (operation,),
@@ -30,7 +30,7 @@ def retries(conn: psycopg.Connection[Any], operation: str) -> int:
 
 
 @pytest.fixture
-def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def blog(conn: Conn) -> Conn:
     blog_schema.create(conn, users=2, articles=5)
     for spec in blog_schema.specs("queued"):
         install(conn, [spec])
@@ -44,7 +44,7 @@ def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 
 
 def test_a_recount_beside_an_application_holding_parent_rows_never_deadlocks(
-    dsn: str, blog: psycopg.Connection[Any]
+    dsn: str, blog: Conn
 ) -> None:
     """The application updates article 3, the recount goes through articles 1-5, then the
     application updates article 1. The recount used to hold 1 and 2 while it waited for 3:
@@ -84,9 +84,7 @@ def test_a_recount_beside_an_application_holding_parent_rows_never_deadlocks(
     assert verify(blog, SPEC).ok
 
 
-def test_a_named_recount_skips_rows_a_direct_writer_holds(
-    dsn: str, conn: psycopg.Connection[Any]
-) -> None:
+def test_a_named_recount_skips_rows_a_direct_writer_holds(dsn: str, conn: Conn) -> None:
     blog_schema.create(conn, users=1, articles=3)
     spec = next(s for s in blog_schema.specs("direct") if s.name == "blog.comments_per_article_day")
     install(conn, [spec])
@@ -121,7 +119,7 @@ def test_a_named_recount_skips_rows_a_direct_writer_holds(
 
 
 def test_an_aborted_batch_is_retried_with_a_warning_and_counted(
-    dsn: str, blog: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+    dsn: str, blog: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A batch that PostgreSQL cancels (here: lock_timeout while an operator holds the
     counted table) is retried until it gets through."""
@@ -153,7 +151,7 @@ def test_an_aborted_batch_is_retried_with_a_warning_and_counted(
 
 
 def test_verify_retries_a_cancelled_statement(
-    dsn: str, blog: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+    dsn: str, blog: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     recount(blog, SPEC)
     holder = psycopg.connect(dsn)
@@ -176,7 +174,7 @@ def test_verify_retries_a_cancelled_statement(
 
 
 def test_a_recount_that_cannot_get_through_stops_with_one_line_and_exit_1(
-    dsn: str, blog: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+    dsn: str, blog: Conn, capsys: pytest.CaptureFixture[str]
 ) -> None:
     holder = psycopg.connect(dsn)
     holder.execute("LOCK TABLE blog_comment IN ACCESS EXCLUSIVE MODE")
@@ -199,7 +197,7 @@ def test_a_recount_that_cannot_get_through_stops_with_one_line_and_exit_1(
 
 
 def test_direct_mode_writing_for_user_b_then_a_beside_a_drain_and_a_recount(
-    dsn: str, conn: psycopg.Connection[Any]
+    dsn: str, conn: Conn
 ) -> None:
     """Direct mode's contract: the writer's transaction locks user B's row (its first
     notification), then user A's. A drain (queued counter on the same table) and a recount

@@ -12,6 +12,7 @@ import pytest
 from psycopg import sql
 
 from pgcounters import Counters, triggers
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translate
 from pgcounters.errors import CounterBroken
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
@@ -60,7 +61,7 @@ def specs(mode: Any) -> list[CounterSpec]:
     ]
 
 
-def assert_counted(conn: psycopg.Connection[Any]) -> None:
+def assert_counted(conn: Conn) -> None:
     clicks = dict(
         conn.execute(
             "SELECT a.id, count(e.id) FROM article a"
@@ -78,9 +79,7 @@ def assert_counted(conn: psycopg.Connection[Any]) -> None:
     assert got == {a: (clicks[a], sums[a]) for a in clicks}
 
 
-def _insert(
-    conn: psycopg.Connection[Any], table: str, rows: list[tuple[int, str, int, int]]
-) -> None:
+def _insert(conn: Conn, table: str, rows: list[tuple[int, str, int, int]]) -> None:
     with conn.cursor() as cur:
         cur.executemany(
             f"INSERT INTO {table} (article_id, kind, n, month) VALUES (%s, %s, %s, %s)",  # noqa: S608 - a test's own table names
@@ -89,7 +88,7 @@ def _insert(
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_writes_into_partitions_are_counted(conn: psycopg.Connection[Any], mode: str) -> None:
+def test_writes_into_partitions_are_counted(conn: Conn, mode: str) -> None:
     conn.execute(PARTITIONED)
     _insert(conn, "event", [(1, "click", 1, 10)])  # before the counters: counted with its partition
     triggers.install(conn, specs(mode))
@@ -112,9 +111,7 @@ def test_writes_into_partitions_are_counted(conn: psycopg.Connection[Any], mode:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_truncate_of_one_partition_and_of_the_table(
-    conn: psycopg.Connection[Any], mode: str
-) -> None:
+def test_truncate_of_one_partition_and_of_the_table(conn: Conn, mode: str) -> None:
     conn.execute(PARTITIONED)
     triggers.install(conn, specs(mode))
     _insert(conn, "event", [(1, "click", 2, 10), (2, "click", 3, 11), (2, "view", 4, 11)])
@@ -131,9 +128,7 @@ def test_truncate_of_one_partition_and_of_the_table(
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_partitions_created_attached_and_detached_later(
-    conn: psycopg.Connection[Any], mode: str
-) -> None:
+def test_partitions_created_attached_and_detached_later(conn: Conn, mode: str) -> None:
     conn.execute(PARTITIONED)
     triggers.install(conn, specs(mode))
     _insert(conn, "event", [(1, "click", 1, 10)])
@@ -161,7 +156,7 @@ def test_partitions_created_attached_and_detached_later(
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_inheritance_children_are_counted(conn: psycopg.Connection[Any], mode: str) -> None:
+def test_inheritance_children_are_counted(conn: Conn, mode: str) -> None:
     conn.execute(INHERITED)
     triggers.install(conn, specs(mode))
     _insert(conn, "event", [(1, "click", 1, 10)])
@@ -194,7 +189,7 @@ def test_inheritance_children_are_counted(conn: psycopg.Connection[Any], mode: s
 
 
 def test_without_the_guard_an_unfollowed_partition_is_reported(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
 ) -> None:
     """Where a non-superuser installed the schema (no event trigger): drift says which table
     is not counted, and installing again follows it."""
@@ -212,7 +207,7 @@ def test_without_the_guard_an_unfollowed_partition_is_reported(
 
 
 def test_a_partition_of_a_counter_delivered_by_django_is_followed_and_kept(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
 ) -> None:
     """django-pgtrigger names a trigger pgtrigger_<name>_<id>: the partitions of such a
     counter are followed, and dropping one still attached is refused, as for pgc_<name>."""

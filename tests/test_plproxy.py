@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.errors import ConfigurationError, InvalidKey, ShardingError, UnknownCounter
@@ -62,25 +63,25 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[
 
 
 @pytest.fixture
-def px(proxy: tuple[str, list[str]]) -> Iterator[psycopg.Connection[Any]]:
+def px(proxy: tuple[str, list[str]]) -> Iterator[Conn]:
     with psycopg.connect(proxy[0], autocommit=True) as conn:
         yield conn
 
 
-def _one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
+def _one(conn: Conn, query: str, params: Any = None) -> Any:
     with translated():
         row = conn.execute(query, params).fetchone()
     assert row is not None
     return row[0]
 
 
-def test_install_needs_a_power_of_two_of_shards(px: psycopg.Connection[Any]) -> None:
+def test_install_needs_a_power_of_two_of_shards(px: Conn) -> None:
     with pytest.raises(ConfigurationError, match="power of two"):
         install_proxy(px, ["host=a", "host=b", "host=c"])
 
 
 def test_counters_are_spread_over_the_shards_by_key_and_read_back_exactly(
-    px: psycopg.Connection[Any], proxy: tuple[str, list[str]]
+    px: Conn, proxy: tuple[str, list[str]]
 ) -> None:
     px.execute("SELECT pgcounters_proxy.create_counter('sh.views', ARRAY['bigint'])")
     px.execute("SELECT pgcounters_proxy.create_counter('sh.daily', ARRAY['text', 'date'])")
@@ -125,7 +126,7 @@ def test_counters_are_spread_over_the_shards_by_key_and_read_back_exactly(
 
 
 def test_bad_keys_and_unknown_counters_are_refused_at_the_proxy(
-    px: psycopg.Connection[Any],
+    px: Conn,
 ) -> None:
     px.execute("SELECT pgcounters_proxy.create_counter('sh.checked', ARRAY['bigint'])")
     with pytest.raises(InvalidKey, match="invalid key"):
@@ -137,7 +138,7 @@ def test_bad_keys_and_unknown_counters_are_refused_at_the_proxy(
 
 
 def test_incr_many_is_one_transaction_on_one_shard_and_refused_across_shards(
-    px: psycopg.Connection[Any],
+    px: Conn,
 ) -> None:
     px.execute("SELECT pgcounters_proxy.create_counter('sh.batch', ARRAY['bigint'])")
     shard_of = {

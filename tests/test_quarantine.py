@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidKey
 from pgcounters.keys import BIGINT_MAX
@@ -17,7 +18,7 @@ from pgcounters.keys import BIGINT_MAX
 ENQUEUE = "INSERT INTO pgcounters.{} (target_id, key, delta) VALUES (%s, %s, %s)"
 
 
-def quarantined(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+def quarantined(conn: Conn) -> list[tuple[Any, ...]]:
     return conn.execute(
         "SELECT counter, key, delta, unlogged, sqlstate FROM pgcounters.quarantine ORDER BY id"
     ).fetchall()
@@ -25,7 +26,7 @@ def quarantined(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("mode", ["queued", "unlogged"])
 def test_an_overflowing_counter_is_set_aside_and_the_others_drain(
-    conn: psycopg.Connection[Any], pc: Counters, mode: str
+    conn: Conn, pc: Counters, mode: str
 ) -> None:
     """incr('a', 1, 2**63-1) twice, then incr('b', 7, 1): the drain used to raise
     CounterOverflow for ever, and b was never stored."""
@@ -48,9 +49,7 @@ def test_an_overflowing_counter_is_set_aside_and_the_others_drain(
     assert pc.get("b", 7) == 2
 
 
-def test_a_column_key_that_does_not_cast_is_set_aside(
-    conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_a_column_key_that_does_not_cast_is_set_aside(conn: Conn, pc: Counters) -> None:
     """A key 'abc' for a bigint-keyed column counter used to fail every drain with
     InvalidTextRepresentation."""
     conn.execute(
@@ -72,9 +71,7 @@ def test_a_column_key_that_does_not_cast_is_set_aside(
         conn.execute("SELECT pgcounters.incr('col_counter', ARRAY['abc'], 1)")
 
 
-def test_malformed_keys_and_unknown_counters_are_set_aside(
-    conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_malformed_keys_and_unknown_counters_are_set_aside(conn: Conn, pc: Counters) -> None:
     n = pc.create_counter("n", key=int).id
     pc.create_counter("g")
     conn.execute(ENQUEUE.format("queue_unlogged"), (n, "{1", 1))  # not an array
@@ -96,9 +93,7 @@ def test_malformed_keys_and_unknown_counters_are_set_aside(
     )
 
 
-def test_a_fixed_cause_is_replayed_and_a_hopeless_delta_discarded(
-    conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_a_fixed_cause_is_replayed_and_a_hopeless_delta_discarded(conn: Conn, pc: Counters) -> None:
     conn.execute(
         "CREATE TABLE article (id bigint PRIMARY KEY, n integer NOT NULL DEFAULT 0);"
         " INSERT INTO article VALUES (1), (2)"
@@ -123,7 +118,7 @@ def test_a_fixed_cause_is_replayed_and_a_hopeless_delta_discarded(
 
 
 def test_increments_of_a_long_lived_client_to_a_dropped_and_recreated_counter_are_kept(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     """A client that cached the counter's id keeps writing to it after another program
     dropped and re-created the counter: the deltas used to vanish in the drain. They are
@@ -147,7 +142,7 @@ def test_increments_of_a_long_lived_client_to_a_dropped_and_recreated_counter_ar
 
 
 def test_status_prometheus_and_the_cli_show_list_replay_and_discard(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters, capsys: pytest.CaptureFixture[str]
+    dsn: str, conn: Conn, pc: Counters, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -22,6 +22,7 @@ from pgcounters import (
     Quotas,
     UnknownQuota,
 )
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.quotas import parse_window
 from support import set_clock
@@ -38,11 +39,11 @@ def at(text: str) -> dt.datetime:
 
 
 @pytest.fixture
-def quotas(conn: psycopg.Connection[Any]) -> Quotas:
+def quotas(conn: Conn) -> Quotas:
     return Quotas(conn)
 
 
-def counts(conn: psycopg.Connection[Any]) -> tuple[int, int, int, int]:
+def counts(conn: Conn) -> tuple[int, int, int, int]:
     row = conn.execute(
         "SELECT (SELECT count(*) FROM pgcounters.quotas), "
         "(SELECT count(*) FROM pgcounters.quota_limits), "
@@ -79,7 +80,7 @@ def test_define_is_idempotent_and_updates_limit_and_log(quotas: Quotas) -> None:
         quotas.quota("per-hour")
 
 
-def test_redefining_the_window_is_refused(quotas: Quotas, conn: psycopg.Connection[Any]) -> None:
+def test_redefining_the_window_is_refused(quotas: Quotas, conn: Conn) -> None:
     quotas.define_quota("q", 10, window="day", time_zone="Europe/Berlin")
     for kwargs in (
         {"window": "hour"},
@@ -116,7 +117,7 @@ def test_windows_are_parsed(window: Any, expected: tuple[str, int | None]) -> No
     "window",
     ["fortnight", "", "0s", "-5m", 0, -1, True, 1.5, dt.timedelta(0), dt.timedelta(seconds=1.5)],
 )
-def test_invalid_windows(quotas: Quotas, conn: psycopg.Connection[Any], window: Any) -> None:
+def test_invalid_windows(quotas: Quotas, conn: Conn, window: Any) -> None:
     with pytest.raises(InvalidQuotaDefinition):
         quotas.define_quota("q", 10, window=window)
     assert counts(conn) == (0, 0, 0, 0)
@@ -137,7 +138,7 @@ def test_invalid_windows(quotas: Quotas, conn: psycopg.Connection[Any], window: 
     ],
 )
 def test_invalid_definitions_leave_nothing(
-    quotas: Quotas, conn: psycopg.Connection[Any], kwargs: dict[str, Any], error: type[Exception]
+    quotas: Quotas, conn: Conn, kwargs: dict[str, Any], error: type[Exception]
 ) -> None:
     args: dict[str, Any] = {"name": "q", "default_limit": 10, **kwargs}
     with pytest.raises(error):
@@ -145,7 +146,7 @@ def test_invalid_definitions_leave_nothing(
     assert counts(conn) == (0, 0, 0, 0)
 
 
-def test_the_sql_functions_raise_their_own_sqlstates(conn: psycopg.Connection[Any]) -> None:
+def test_the_sql_functions_raise_their_own_sqlstates(conn: Conn) -> None:
     """Plain-SQL users get the same errors; translated() maps them to the same classes."""
     cases: list[tuple[str, type[PgCountersError]]] = [
         ("SELECT pgcounters.define_quota('q', 0)", InvalidQuotaLimit),
@@ -188,7 +189,7 @@ def test_the_sql_functions_raise_their_own_sqlstates(conn: psycopg.Connection[An
 # -- calls ---------------------------------------------------------------------
 
 
-def test_calls_up_to_the_limit_then_refused(quotas: Quotas, conn: psycopg.Connection[Any]) -> None:
+def test_calls_up_to_the_limit_then_refused(quotas: Quotas, conn: Conn) -> None:
     quotas.define_quota("q", 3)
     when = at("2026-03-10T12:00:00+00:00")
     results = [quotas.register_call("q", "alice", at=when) for _ in range(5)]
@@ -267,7 +268,7 @@ def test_a_lowered_limit_applies_to_the_next_call(quotas: Quotas) -> None:
     assert (result.allowed, result.used, result.limit, result.remaining) == (False, 5, 3, 0)
 
 
-def test_overlapping_limits_are_refused(quotas: Quotas, conn: psycopg.Connection[Any]) -> None:
+def test_overlapping_limits_are_refused(quotas: Quotas, conn: Conn) -> None:
     quotas.define_quota("q", 1)
     quotas.define_quota("other", 1)
     jan, feb, mar, apr = (at(f"2026-{m:02d}-01T00:00:00+00:00") for m in (1, 2, 3, 4))
@@ -296,7 +297,7 @@ def test_overlapping_limits_are_refused(quotas: Quotas, conn: psycopg.Connection
 
 
 @pytest.mark.parametrize("limit", [0, -1, True, 2.5, "3", None])
-def test_invalid_limits(quotas: Quotas, conn: psycopg.Connection[Any], limit: Any) -> None:
+def test_invalid_limits(quotas: Quotas, conn: Conn, limit: Any) -> None:
     quotas.define_quota("q", 1)
     with pytest.raises(InvalidQuotaLimit):
         quotas.set_limit("q", "s", limit)
@@ -316,7 +317,7 @@ def test_limit_ranges_must_be_ordered_and_aware(quotas: Quotas) -> None:
 
 
 @pytest.mark.parametrize("subject", ["", "   ", None, 42, "x" * 1001, "nul\x00"])
-def test_invalid_subjects(quotas: Quotas, conn: psycopg.Connection[Any], subject: Any) -> None:
+def test_invalid_subjects(quotas: Quotas, conn: Conn, subject: Any) -> None:
     quotas.define_quota("q", 5)
     with pytest.raises(InvalidSubject):
         quotas.register_call("q", subject)
@@ -328,14 +329,14 @@ def test_invalid_subjects(quotas: Quotas, conn: psycopg.Connection[Any], subject
 
 
 @pytest.mark.parametrize("cost", [0, -1, True, 1.0, "1", 2**63])
-def test_invalid_costs(quotas: Quotas, conn: psycopg.Connection[Any], cost: Any) -> None:
+def test_invalid_costs(quotas: Quotas, conn: Conn, cost: Any) -> None:
     quotas.define_quota("q", 5)
     with pytest.raises(InvalidCost):
         quotas.register_call("q", "s", cost)
     assert counts(conn) == (1, 0, 0, 0)
 
 
-def test_unknown_quota_everywhere(quotas: Quotas, conn: psycopg.Connection[Any]) -> None:
+def test_unknown_quota_everywhere(quotas: Quotas, conn: Conn) -> None:
     calls: list[Callable[[], object]] = [
         lambda: quotas.register_call("nope", "s"),
         lambda: quotas.set_limit("nope", "s", 5),
@@ -359,9 +360,7 @@ def test_naive_datetimes_are_refused(quotas: Quotas) -> None:
         quotas.register_call("q", "s", at="2026-01-01")  # type: ignore[arg-type]
 
 
-def test_calls_without_at_use_the_transaction_time(
-    quotas: Quotas, conn: psycopg.Connection[Any]
-) -> None:
+def test_calls_without_at_use_the_transaction_time(quotas: Quotas, conn: Conn) -> None:
     quotas.define_quota("q", 5, window="minute")
     with conn.transaction():
         result = quotas.register_call("q", "s")
@@ -374,9 +373,7 @@ def test_calls_without_at_use_the_transaction_time(
     assert result.retry_after == pytest.approx(row[1])
 
 
-def test_calls_without_at_use_the_clock_set_in_sql(
-    quotas: Quotas, conn: psycopg.Connection[Any]
-) -> None:
+def test_calls_without_at_use_the_clock_set_in_sql(quotas: Quotas, conn: Conn) -> None:
     """SET pgcounters.now: calls and statuses without an instant happen then, from SQL too."""
     quotas.define_quota("q", 2, window="minute")
     set_clock(conn, at("2026-03-10T12:34:56+00:00"))
@@ -400,7 +397,7 @@ def test_calls_without_at_use_the_clock_set_in_sql(
     assert status.window_start == row[0]
 
 
-def test_calls_without_at_use_the_clock_set_in_python(conn: psycopg.Connection[Any]) -> None:
+def test_calls_without_at_use_the_clock_set_in_python(conn: Conn) -> None:
     instants = iter([at("2026-03-10T23:59:59+00:00"), at("2026-03-11T00:00:00+00:00")])
     quotas = Quotas(conn, clock=lambda: next(instants))
     quotas.define_quota("q", 1, window="day")
@@ -433,9 +430,7 @@ def test_fixed_window_rollover(quotas: Quotas) -> None:
     assert quotas.register_call("q90", "s", at=at("2026-03-10T11:00:00+00:00")).allowed is False
 
 
-def test_day_window_across_the_autumn_dst_change_in_berlin(
-    quotas: Quotas, conn: psycopg.Connection[Any]
-) -> None:
+def test_day_window_across_the_autumn_dst_change_in_berlin(quotas: Quotas, conn: Conn) -> None:
     """Sunday 26 October 2025: clocks go back from 03:00 CEST to 02:00 CET; the day has 25 h."""
     conn.execute("SET TimeZone = 'America/New_York'")  # the session's zone plays no part
     quotas.define_quota("q", 3, time_zone="Europe/Berlin")
@@ -487,7 +482,7 @@ def test_week_and_month_windows_follow_the_local_calendar(quotas: Quotas) -> Non
 # -- log, reports, purge -------------------------------------------------------
 
 
-def test_the_request_log_is_off_by_default(quotas: Quotas, conn: psycopg.Connection[Any]) -> None:
+def test_the_request_log_is_off_by_default(quotas: Quotas, conn: Conn) -> None:
     quotas.define_quota("q", 1)
     when = at("2026-03-10T12:00:00+00:00")
     quotas.register_call("q", "s", at=when, details={"path": "/a"})
@@ -535,9 +530,7 @@ def test_reports_of_rejected_calls(quotas: Quotas) -> None:
     assert len(quotas.report("q", limit=1)) == 1
 
 
-def test_purge_removes_old_windows_and_log_rows(
-    quotas: Quotas, conn: psycopg.Connection[Any]
-) -> None:
+def test_purge_removes_old_windows_and_log_rows(quotas: Quotas, conn: Conn) -> None:
     # the clock at a chosen instant: the cut-offs below are in its past, whatever the date
     # of the machine
     now = at("2026-03-10T12:00:00+00:00")
@@ -567,9 +560,7 @@ def test_purge_removes_old_windows_and_log_rows(
     assert counts(conn)[2:] == (1, 1)
 
 
-def test_drop_quota_removes_limits_usage_and_log(
-    quotas: Quotas, conn: psycopg.Connection[Any]
-) -> None:
+def test_drop_quota_removes_limits_usage_and_log(quotas: Quotas, conn: Conn) -> None:
     quotas.define_quota("q", 5, log=True)
     quotas.set_limit("q", "s", 3)
     quotas.register_call("q", "s")
@@ -581,7 +572,7 @@ def test_drop_quota_removes_limits_usage_and_log(
 # -- storage, transactions -----------------------------------------------------
 
 
-def test_updates_of_the_usage_row_are_hot(quotas: Quotas, conn: psycopg.Connection[Any]) -> None:
+def test_updates_of_the_usage_row_are_hot(quotas: Quotas, conn: Conn) -> None:
     """Only columns outside every index change, and fillfactor leaves room: no index writes."""
     quotas.define_quota("q", 1000)
     when = at("2026-03-10T12:00:00+00:00")
@@ -615,9 +606,7 @@ def test_a_call_joins_the_callers_transaction(quotas: Quotas, dsn: str) -> None:
     assert quotas.status("q", "s").attempts == 0
 
 
-def test_async_commit_applies_only_to_a_call_of_its_own(
-    quotas: Quotas, conn: psycopg.Connection[Any]
-) -> None:
+def test_async_commit_applies_only_to_a_call_of_its_own(quotas: Quotas, conn: Conn) -> None:
     quotas.define_quota("q", 5)
     conn.execute("SET synchronous_commit = on")  # the test server runs with it off
     row = conn.execute(

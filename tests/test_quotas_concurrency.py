@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from typing import Any
 
 import psycopg
 import pytest
 
 from pgcounters import Quotas
+from pgcounters.connection import Conn
 from pgcounters.quotas import CallResult
 from support import set_database_clock
 
@@ -34,7 +34,7 @@ def _hammer(
     lock = threading.Lock()
     barrier = threading.Barrier(CLIENTS)
 
-    def client(conn: psycopg.Connection[Any]) -> None:
+    def client(conn: Conn) -> None:
         quotas = Quotas(conn, synchronous_commit=synchronous_commit)
         quotas.quota(quota)  # schema checked before the start line
         try:

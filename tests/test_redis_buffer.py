@@ -11,12 +11,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 from pgcounters.errors import BufferFlushFailed, ConfigurationError, RedisUnavailable
 from pgcounters.redis_buffer import RedisBuffer, redis_url
 from pgcounters.redis_server import EmbeddedRedis, free_port
@@ -34,14 +33,14 @@ def buf(dsn: str, server: EmbeddedRedis) -> Iterator[RedisBuffer]:
         yield b
 
 
-def flush_count(conn: psycopg.Connection[Any]) -> int:
+def flush_count(conn: Conn) -> int:
     row = conn.execute("SELECT count(*) FROM pgcounters.buffer_flushes").fetchone()
     assert row is not None
     return int(row[0])
 
 
 def test_increments_go_to_redis_and_a_flush_moves_them(
-    buf: RedisBuffer, pc: Counters, conn: psycopg.Connection[Any]
+    buf: RedisBuffer, pc: Counters, conn: Conn
 ) -> None:
     pc.create_counter("views", key=int)
     pc.create_counter("total")
@@ -99,7 +98,7 @@ def test_fields_a_flush_cannot_apply_are_kept_aside(
 
 
 def test_a_flusher_dying_after_commit_is_never_counted_twice(
-    dsn: str, server: EmbeddedRedis, buf: RedisBuffer, pc: Counters, conn: psycopg.Connection[Any]
+    dsn: str, server: EmbeddedRedis, buf: RedisBuffer, pc: Counters, conn: Conn
 ) -> None:
     pc.create_counter("c", key=int)
     buf.incr("c", 1, 10)
@@ -167,7 +166,7 @@ def test_a_sigkilled_flusher_process_is_recovered_once(
 
 
 def test_a_failed_database_write_stays_in_flight_and_is_applied_later(
-    buf: RedisBuffer, pc: Counters, conn: psycopg.Connection[Any]
+    buf: RedisBuffer, pc: Counters, conn: Conn
 ) -> None:
     pc.create_counter("c")
     buf.incr("c", delta=3)
@@ -316,7 +315,7 @@ def test_redis_unreachable_is_a_clear_error_or_the_database_fallback(
 
 
 def test_old_flush_records_are_pruned_but_not_while_in_doubt(
-    dsn: str, server: EmbeddedRedis, buf: RedisBuffer, pc: Counters, conn: psycopg.Connection[Any]
+    dsn: str, server: EmbeddedRedis, buf: RedisBuffer, pc: Counters, conn: Conn
 ) -> None:
     pc.create_counter("c")
     buf.incr("c")
@@ -393,7 +392,7 @@ def test_the_worker_stops_on_request(dsn: str, server: EmbeddedRedis, pc: Counte
 
 
 def test_every_counter_mode_and_key_type_is_flushed(
-    buf: RedisBuffer, pc: Counters, conn: psycopg.Connection[Any]
+    buf: RedisBuffer, pc: Counters, conn: Conn
 ) -> None:
     import datetime as dt
     import uuid

@@ -9,9 +9,8 @@ import threading
 from collections import Counter as Tally
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import psycopg
 import pytest
 import redis
 from redis.backoff import NoBackoff
@@ -19,6 +18,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 from pgcounters.errors import ConfigurationError, RedisUnavailable
 from pgcounters.redis_buffer import RedisBuffer, connect_redis
 from pgcounters.redis_server import EmbeddedRedisCluster
@@ -30,7 +30,7 @@ def cluster(tmp_path: Path) -> Iterator[EmbeddedRedisCluster]:
         yield running
 
 
-def _flushes(conn: psycopg.Connection[Any]) -> int:
+def _flushes(conn: Conn) -> int:
     row = conn.execute("SELECT count(*) FROM pgcounters.buffer_flushes").fetchone()
     assert row is not None
     return int(row[0])
@@ -77,7 +77,7 @@ def test_clients_that_resend_commands_are_refused(dsn: str, cluster: EmbeddedRed
 
 
 def test_one_buffer_spreads_over_every_master_and_flushes_exactly(
-    dsn: str, pc: Counters, conn: psycopg.Connection[Any], cluster: EmbeddedRedisCluster
+    dsn: str, pc: Counters, conn: Conn, cluster: EmbeddedRedisCluster
 ) -> None:
     pc.create_counter("views", key=int)
     pc.create_counter("daily", key=(int, str))
@@ -117,7 +117,7 @@ def test_one_buffer_spreads_over_every_master_and_flushes_exactly(
 
 
 def test_a_master_killed_mid_flush_and_restarted_never_counts_twice(
-    dsn: str, pc: Counters, conn: psycopg.Connection[Any], cluster: EmbeddedRedisCluster
+    dsn: str, pc: Counters, conn: Conn, cluster: EmbeddedRedisCluster
 ) -> None:
     pc.create_counter("hits", key=int)
     truth: Tally[int] = Tally()
@@ -229,7 +229,7 @@ def test_writers_in_threads_and_a_flusher_on_a_cluster_are_exact(
 def test_incr_many_with_a_master_down_says_what_was_counted(
     dsn: str,
     pc: Counters,
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     cluster: EmbeddedRedisCluster,
     fallback: Literal["raise", "database"],
 ) -> None:

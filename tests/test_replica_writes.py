@@ -5,13 +5,12 @@ it missed them. The truth is SQL written here by hand."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 
 import blog_schema
 from pgcounters import Counters, status, triggers
+from pgcounters.connection import Conn
 from pgcounters.errors import CounterBroken, InvalidCounterDefinition, UnknownCounter
 from pgcounters.recount import recount
 from pgcounters.status import get_status
@@ -20,13 +19,13 @@ ARTICLE = "blog.article.public_comments"
 MODES = ["queued", "unlogged", "direct"]
 
 
-def _replica(dsn: str) -> psycopg.Connection[Any]:
+def _replica(dsn: str) -> Conn:
     conn = psycopg.connect(dsn, autocommit=True)
     conn.execute("SET session_replication_role = replica")
     return conn
 
 
-def _article_truth(conn: psycopg.Connection[Any]) -> dict[int, int]:
+def _article_truth(conn: Conn) -> dict[int, int]:
     return dict(
         conn.execute(
             "SELECT a.id, count(c.id) FROM blog_article a LEFT JOIN blog_comment c"
@@ -35,14 +34,14 @@ def _article_truth(conn: psycopg.Connection[Any]) -> dict[int, int]:
     )
 
 
-def _article_values(conn: psycopg.Connection[Any]) -> dict[int, int]:
+def _article_values(conn: Conn) -> dict[int, int]:
     pc = Counters(conn)
     return {a: pc.get(ARTICLE, a) for a in _article_truth(conn)}
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_by_default_a_counter_that_missed_replica_writes_is_stale_until_recounted(
-    dsn: str, conn: psycopg.Connection[Any], mode: str
+    dsn: str, conn: Conn, mode: str
 ) -> None:
     blog_schema.create(conn)
     triggers.install(conn, blog_schema.specs(mode))
@@ -71,9 +70,7 @@ def test_by_default_a_counter_that_missed_replica_writes_is_stale_until_recounte
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_counter_set_to_count_replica_writes_counts_them(
-    dsn: str, conn: psycopg.Connection[Any], mode: str
-) -> None:
+def test_a_counter_set_to_count_replica_writes_counts_them(dsn: str, conn: Conn, mode: str) -> None:
     blog_schema.create(conn)
     conn.execute(
         "CREATE TABLE blog_comment_archive () INHERITS (blog_comment)"
@@ -106,7 +103,7 @@ def test_a_counter_set_to_count_replica_writes_counts_them(
     assert states["blog.user.public_comments"] == "installed"  # still counting them
 
 
-def test_truncate_in_replica_mode_is_flagged(dsn: str, conn: psycopg.Connection[Any]) -> None:
+def test_truncate_in_replica_mode_is_flagged(dsn: str, conn: Conn) -> None:
     blog_schema.create(conn)
     triggers.install(conn, blog_schema.specs())
     conn.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
@@ -115,7 +112,7 @@ def test_truncate_in_replica_mode_is_flagged(dsn: str, conn: psycopg.Connection[
     assert {d.state for d in triggers.drift(conn)} == {"stale"}
 
 
-def test_bad_choices_are_clear_errors(conn: psycopg.Connection[Any]) -> None:
+def test_bad_choices_are_clear_errors(conn: Conn) -> None:
     blog_schema.create(conn)
     triggers.install(conn, blog_schema.specs())
     with pytest.raises(InvalidCounterDefinition, match="'flag' or 'count'"):
@@ -124,7 +121,7 @@ def test_bad_choices_are_clear_errors(conn: psycopg.Connection[Any]) -> None:
         triggers.set_replica_writes(conn, "no.such.counter", "count")
 
 
-def test_a_failed_recount_keeps_the_stale_mark(dsn: str, conn: psycopg.Connection[Any]) -> None:
+def test_a_failed_recount_keeps_the_stale_mark(dsn: str, conn: Conn) -> None:
     blog_schema.create(conn)
     triggers.install(conn, blog_schema.specs())
     with _replica(dsn) as replica:

@@ -15,6 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgcounters import Counters, backfill, triggers
 from pgcounters.client import on_standby
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.errors import CounterBackfilling, ReplicaError, ReplicaNotCaughtUp
@@ -43,13 +44,13 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture
-def primary(pair: tuple[str, str]) -> Iterator[psycopg.Connection[Any]]:
+def primary(pair: tuple[str, str]) -> Iterator[Conn]:
     with psycopg.connect(pair[0], autocommit=True) as conn:
         yield conn
 
 
 @pytest.fixture
-def standby(pair: tuple[str, str]) -> Iterator[psycopg.Connection[Any]]:
+def standby(pair: tuple[str, str]) -> Iterator[Conn]:
     with psycopg.connect(pair[1], autocommit=True) as conn:
         yield conn
 
@@ -64,9 +65,7 @@ def _replayed(primary: Counters, standby: Counters) -> None:
     standby.wait_for_replay(primary.wal_position(), timeout=60)
 
 
-def test_the_standby_is_a_hot_standby_and_the_primary_is_not(
-    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
-) -> None:
+def test_the_standby_is_a_hot_standby_and_the_primary_is_not(primary: Conn, standby: Conn) -> None:
     assert on_standby(standby)
     assert not on_standby(primary)
     row = standby.execute("SELECT pg_is_in_recovery()").fetchone()
@@ -74,7 +73,7 @@ def test_the_standby_is_a_hot_standby_and_the_primary_is_not(
 
 
 def test_exact_reads_on_the_standby_equal_the_primary_once_replayed(
-    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
+    primary: Conn, standby: Conn
 ) -> None:
     pc = Counters(primary)
     pc.create_counter("rep.views", key=int)
@@ -130,7 +129,7 @@ def test_exact_reads_on_the_standby_equal_the_primary_once_replayed(
 
 
 def test_unlogged_counters_are_refused_on_the_standby_with_a_clear_error(
-    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
+    primary: Conn, standby: Conn
 ) -> None:
     pc = Counters(primary)
     pc.create_counter("rep.fast", key=int, mode="unlogged")
@@ -158,7 +157,7 @@ def test_unlogged_counters_are_refused_on_the_standby_with_a_clear_error(
 
 
 def test_reads_go_to_the_read_connection_and_writes_to_the_primary(
-    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
+    primary: Conn, standby: Conn
 ) -> None:
     pc = Counters(primary, read_conn=standby)
     pc.create_counter("rep.ryw", key=int)
@@ -184,7 +183,7 @@ def test_reads_go_to_the_read_connection_and_writes_to_the_primary(
 
 
 def test_waiting_in_a_repeatable_read_transaction_is_refused(
-    primary: psycopg.Connection[Any], pair: tuple[str, str]
+    primary: Conn, pair: tuple[str, str]
 ) -> None:
     with psycopg.connect(pair[1]) as reader:
         reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -196,7 +195,7 @@ def test_waiting_in_a_repeatable_read_transaction_is_refused(
 
 
 def test_remote_apply_makes_the_commit_visible_on_the_standby_when_it_returns(
-    pair: tuple[str, str], standby: psycopg.Connection[Any]
+    pair: tuple[str, str], standby: Conn
 ) -> None:
     # a synchronous standby that applies before the commit returns: read-your-writes
     # without a wait on the reader's side
@@ -284,7 +283,7 @@ def test_the_django_exact_annotation_on_a_database_alias_routed_to_the_standby(
                 del connections.settings[alias]
 
 
-def _insert_offset(conn: psycopg.Connection[Any]) -> int:
+def _insert_offset(conn: Conn) -> int:
     row = conn.execute(
         "SELECT ((pg_current_wal_insert_lsn() - '0/0')"
         " % current_setting('wal_block_size')::numeric)::int"
@@ -294,7 +293,7 @@ def _insert_offset(conn: psycopg.Connection[Any]) -> int:
 
 
 def test_a_write_ending_exactly_at_a_wal_page_boundary_is_waited_for_correctly(
-    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
+    primary: Conn, standby: Conn
 ) -> None:
     # The insert position after a record that fills its WAL page points past the next
     # page's header, where no record ends: a standby reaches it only with the next record.
@@ -331,7 +330,7 @@ def test_a_write_ending_exactly_at_a_wal_page_boundary_is_waited_for_correctly(
 
 
 def test_quota_status_and_reports_read_on_the_standby_and_status_says_where_to_go(
-    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
+    primary: Conn, standby: Conn
 ) -> None:
     from pgcounters.quotas import Quotas
     from pgcounters.status import get_status
@@ -353,7 +352,7 @@ def test_quota_status_and_reports_read_on_the_standby_and_status_says_where_to_g
 
 
 def test_the_command_line_reads_from_a_standby(
-    pair: tuple[str, str], primary: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+    pair: tuple[str, str], primary: Conn, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from pgcounters import cli
 
@@ -403,7 +402,7 @@ def test_a_worker_pointed_at_a_standby_stops_with_a_clear_error(pair: tuple[str,
 
 
 def test_a_counter_being_backfilled_is_refused_on_the_standby_as_on_the_primary(
-    primary: psycopg.Connection[Any], standby: psycopg.Connection[Any]
+    primary: Conn, standby: Conn
 ) -> None:
     """The standby reads the backfill's progress from the WAL like any row: an exact read
     there refuses, as the primary does, rather than miss the rows the backfill has not

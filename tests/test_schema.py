@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import psycopg
 import pytest
@@ -15,6 +14,7 @@ from pgcounters import (
     sqlfiles,
     upgrade,
 )
+from pgcounters.connection import Conn
 
 
 def test_install_is_idempotent_and_records_the_version(empty_dsn: str) -> None:
@@ -56,7 +56,7 @@ def test_client_on_a_database_without_the_schema(empty_dsn: str) -> None:
         assert row == (None,)
 
 
-def test_a_newer_schema_than_the_code_is_refused(conn: psycopg.Connection[Any]) -> None:
+def test_a_newer_schema_than_the_code_is_refused(conn: Conn) -> None:
     conn.execute("INSERT INTO pgcounters.migrations (version, name) VALUES (999, 'future')")
     with pytest.raises(SchemaVersionMismatch, match="newer than this code"):
         Counters(conn).incr("x")
@@ -64,7 +64,7 @@ def test_a_newer_schema_than_the_code_is_refused(conn: psycopg.Connection[Any]) 
         upgrade(conn)
 
 
-def test_an_older_schema_asks_for_upgrade(conn: psycopg.Connection[Any]) -> None:
+def test_an_older_schema_asks_for_upgrade(conn: Conn) -> None:
     # pretend the latest migration was never recorded
     conn.execute("DELETE FROM pgcounters.migrations")
     conn.execute("INSERT INTO pgcounters.migrations (version, name) VALUES (0, 'older')")

@@ -4,13 +4,12 @@ left to break the application's writes or to drift silently."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 
 import blog_schema
 from pgcounters import Counters, backfill, triggers
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translate
 from pgcounters.errors import CounterBroken, InvalidCounterDefinition
 from pgcounters.recount import recount, verify
@@ -21,7 +20,7 @@ SCORE = "blog.article.score_total"
 
 
 @pytest.fixture
-def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def blog(conn: Conn) -> Conn:
     blog_schema.create(conn)
     triggers.install(conn, blog_schema.specs())
     conn.execute(
@@ -31,7 +30,7 @@ def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return conn
 
 
-def _truth(conn: psycopg.Connection[Any]) -> dict[int, tuple[int, int]]:
+def _truth(conn: Conn) -> dict[int, tuple[int, int]]:
     """Public comments and summed score per article, by hand."""
     rows = conn.execute(
         "SELECT a.id, count(c.id) FILTER (WHERE c.publish_status = 'public'),"
@@ -41,7 +40,7 @@ def _truth(conn: psycopg.Connection[Any]) -> dict[int, tuple[int, int]]:
     return {a: (n, s) for a, n, s in rows}
 
 
-def _values(conn: psycopg.Connection[Any]) -> dict[int, tuple[int, int]]:
+def _values(conn: Conn) -> dict[int, tuple[int, int]]:
     pc = Counters(conn)
     ids = [r[0] for r in conn.execute("SELECT id FROM blog_article").fetchall()]
     return {a: (pc.get(ARTICLE, a), pc.get(SCORE, a)) for a in ids}
@@ -60,9 +59,7 @@ def _values(conn: psycopg.Connection[Any]) -> dict[int, tuple[int, int]]:
         ("ALTER TABLE blog_article RENAME COLUMN id TO article_id", "id"),
     ],
 )
-def test_a_change_that_breaks_a_counter_is_refused(
-    blog: psycopg.Connection[Any], ddl: str, column: str
-) -> None:
+def test_a_change_that_breaks_a_counter_is_refused(blog: Conn, ddl: str, column: str) -> None:
     with pytest.raises(psycopg.Error, match=r"breaks counter blog\.") as caught:
         blog.execute(ddl)
     assert caught.value.sqlstate == "PC020"
@@ -77,7 +74,7 @@ def test_a_change_that_breaks_a_counter_is_refused(
     assert all(d.state == "installed" for d in triggers.drift(blog))
 
 
-def test_a_change_that_keeps_counters_whole_is_allowed(blog: psycopg.Connection[Any]) -> None:
+def test_a_change_that_keeps_counters_whole_is_allowed(blog: Conn) -> None:
     blog.execute("ALTER TABLE blog_comment ADD COLUMN body text NOT NULL DEFAULT ''")
     blog.execute("ALTER TABLE blog_comment ALTER COLUMN score TYPE bigint")  # still an integer
     blog.execute("ALTER TABLE blog_comment RENAME COLUMN body TO text")  # not read by a counter
@@ -90,7 +87,7 @@ def test_a_change_that_keeps_counters_whole_is_allowed(blog: psycopg.Connection[
 
 
 def test_the_counter_removed_first_then_the_change_then_installed_again(
-    blog: psycopg.Connection[Any],
+    blog: Conn,
 ) -> None:
     """What a migration that renames a key column does: the counter's triggers go before the
     change and come back after it, in one transaction (as Django's migrations order them)."""
@@ -133,7 +130,7 @@ def test_the_counter_removed_first_then_the_change_then_installed_again(
 
 
 def test_a_sum_over_a_non_integer_column_is_refused_at_install(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
 ) -> None:
     blog_schema.create(conn)
     conn.execute("ALTER TABLE blog_comment ADD COLUMN price numeric(10, 2)")
@@ -150,7 +147,7 @@ def test_a_sum_over_a_non_integer_column_is_refused_at_install(
 
 
 def test_without_the_guard_a_broken_counter_is_reported_not_installed(
-    blog: psycopg.Connection[Any],
+    blog: Conn,
 ) -> None:
     """Where the schema was installed by a role that may not create event triggers."""
     blog.execute("ALTER EVENT TRIGGER pgcounters_guard_ddl DISABLE")
@@ -167,7 +164,7 @@ def test_without_the_guard_a_broken_counter_is_reported_not_installed(
 
 
 def test_without_the_guard_a_renamed_counter_column_is_reported_broken(
-    blog: psycopg.Connection[Any],
+    blog: Conn,
 ) -> None:
     blog.execute("ALTER EVENT TRIGGER pgcounters_guard_ddl DISABLE")
     blog.execute("ALTER TABLE blog_article RENAME COLUMN score_total TO points")

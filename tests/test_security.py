@@ -16,6 +16,7 @@ import blog_schema
 import truth
 from pgcounters import Counters, security, triggers
 from pgcounters.cli import run
+from pgcounters.connection import Conn
 from pgcounters.errors import ConfigurationError, CounterBackfilling, PermissionDenied
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
@@ -27,7 +28,7 @@ DAY = dt.datetime(2026, 11, 21, 12, tzinfo=dt.UTC)
 
 
 @pytest.fixture
-def setup(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def setup(conn: Conn) -> Conn:
     """As the owner: counters of every mode, declared counters on a blog, a quota."""
     pc = Counters(conn)
     pc.create_counter("q", int)
@@ -44,7 +45,7 @@ def setup(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 
 
 @pytest.fixture
-def app(dsn: str, setup: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+def app(dsn: str, setup: Conn) -> Iterator[Conn]:
     with login_role(dsn, "pgc_app") as (role, role_dsn):
         # the application owns nothing: its rights on its own tables are the user's to grant
         setup.execute(
@@ -59,16 +60,14 @@ def app(dsn: str, setup: psycopg.Connection[Any]) -> Iterator[psycopg.Connection
 
 
 @pytest.fixture
-def worker(dsn: str, setup: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+def worker(dsn: str, setup: Conn) -> Iterator[Conn]:
     with login_role(dsn, "pgc_worker") as (role, role_dsn):
         security.grant_worker(setup, role)
         with psycopg.connect(role_dsn, autocommit=True) as c:
             yield c
 
 
-def test_app_role_increments_reads_and_calls_quotas(
-    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
-) -> None:
+def test_app_role_increments_reads_and_calls_quotas(app: Conn, setup: Conn) -> None:
     pc = Counters(app)
     pc.incr("q", 1, 2)
     pc.incr("u", 1, 3)
@@ -99,7 +98,7 @@ def test_app_role_increments_reads_and_calls_quotas(
 
 
 def test_app_role_writes_tables_with_declared_counters(
-    app: psycopg.Connection[Any], worker: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+    app: Conn, worker: Conn, setup: Conn
 ) -> None:
     app.execute(
         "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
@@ -120,7 +119,7 @@ def test_app_role_writes_tables_with_declared_counters(
     truth.assert_drained(setup, blog_schema.truths())
 
 
-def test_direct_mode_triggers_run_with_app_rights(dsn: str, conn: psycopg.Connection[Any]) -> None:
+def test_direct_mode_triggers_run_with_app_rights(dsn: str, conn: Conn) -> None:
     blog_schema.create(conn)
     specs = blog_schema.specs("direct")
     triggers.install(conn, specs)
@@ -169,9 +168,7 @@ def test_direct_mode_triggers_run_with_app_rights(dsn: str, conn: psycopg.Connec
         "SELECT setval('pgcounters.wakeup_clock', 1)",
     ],
 )
-def test_app_role_cannot_change_stored_state(
-    app: psycopg.Connection[Any], setup: psycopg.Connection[Any], statement: str
-) -> None:
+def test_app_role_cannot_change_stored_state(app: Conn, setup: Conn, statement: str) -> None:
     Counters(setup).incr("q", 1, 5)
     Quotas(setup).register_call("api", "gold", at=DAY)
     before = _state(setup)
@@ -180,9 +177,7 @@ def test_app_role_cannot_change_stored_state(
     assert _state(setup) == before
 
 
-def test_app_role_cannot_misuse_the_definer_functions(
-    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
-) -> None:
+def test_app_role_cannot_misuse_the_definer_functions(app: Conn, setup: Conn) -> None:
     before = _state(setup)
     q = Counters(setup).counter("q")
     # add_direct adds to named direct counters only, never to a queued one
@@ -192,7 +187,7 @@ def test_app_role_cannot_misuse_the_definer_functions(
     assert _state(setup) == before
 
 
-def test_app_role_gets_a_clear_error_from_the_client(app: psycopg.Connection[Any]) -> None:
+def test_app_role_gets_a_clear_error_from_the_client(app: Conn) -> None:
     pc = Counters(app)
     pc.incr("q", 1)
     with pytest.raises(PermissionDenied, match="pgcounters grant"):
@@ -204,9 +199,7 @@ def test_app_role_gets_a_clear_error_from_the_client(app: psycopg.Connection[Any
     assert pc.get("q", 1) == 1
 
 
-def test_worker_role_drains_and_recounts(
-    worker: psycopg.Connection[Any], setup: psycopg.Connection[Any]
-) -> None:
+def test_worker_role_drains_and_recounts(worker: Conn, setup: Conn) -> None:
     setup.execute(
         "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
         " SELECT 1 + g % 3, 1 + g % 2, 'public', g FROM generate_series(1, 25) g"
@@ -232,7 +225,7 @@ def test_worker_role_drains_and_recounts(
 
 
 def test_worker_role_runs_backfills_and_app_reads_refuse_meanwhile(
-    worker: psycopg.Connection[Any], app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+    worker: Conn, app: Conn, setup: Conn
 ) -> None:
     from pgcounters import backfill, triggers
 
@@ -258,7 +251,7 @@ def test_worker_role_runs_backfills_and_app_reads_refuse_meanwhile(
     assert triggers.declared(worker)
 
 
-def test_every_definer_function_has_a_fixed_search_path(conn: psycopg.Connection[Any]) -> None:
+def test_every_definer_function_has_a_fixed_search_path(conn: Conn) -> None:
     rows = conn.execute(
         "SELECT p.oid::regprocedure::text, p.proconfig FROM pg_proc p"
         " WHERE p.pronamespace = 'pgcounters'::regnamespace AND p.prosecdef"
@@ -273,7 +266,7 @@ def test_every_definer_function_has_a_fixed_search_path(conn: psycopg.Connection
         assert config == ["search_path=pg_catalog, pgcounters, pg_temp"], name
 
 
-def test_public_may_execute_no_pgcounters_function(conn: psycopg.Connection[Any]) -> None:
+def test_public_may_execute_no_pgcounters_function(conn: Conn) -> None:
     rows = conn.execute(
         "SELECT p.oid::regprocedure::text FROM pg_proc p"
         " WHERE p.pronamespace = 'pgcounters'::regnamespace"
@@ -285,7 +278,7 @@ def test_public_may_execute_no_pgcounters_function(conn: psycopg.Connection[Any]
     assert rows == [("pgcounters._backfilling(integer)",)]
 
 
-def test_a_role_without_grants_sees_nothing(dsn: str, setup: psycopg.Connection[Any]) -> None:
+def test_a_role_without_grants_sees_nothing(dsn: str, setup: Conn) -> None:
     with (
         login_role(dsn, "pgc_none") as (_, role_dsn),
         psycopg.connect(role_dsn) as c,
@@ -294,9 +287,7 @@ def test_a_role_without_grants_sees_nothing(dsn: str, setup: psycopg.Connection[
         Counters(c).get("q", 1)
 
 
-def test_definer_functions_ignore_the_callers_search_path(
-    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
-) -> None:
+def test_definer_functions_ignore_the_callers_search_path(app: Conn, setup: Conn) -> None:
     # a temporary table named like a catalog-free lookup, first in the path: ignored
     app.execute("CREATE TEMP TABLE targets (id integer, name text)")
     app.execute("SET search_path = pg_temp, public")
@@ -304,7 +295,7 @@ def test_definer_functions_ignore_the_callers_search_path(
     assert Counters(setup).get("d", 1) == 3
 
 
-def test_grant_refuses_unknown_and_bad_roles(conn: psycopg.Connection[Any]) -> None:
+def test_grant_refuses_unknown_and_bad_roles(conn: Conn) -> None:
     with pytest.raises(ConfigurationError, match="does not exist"):
         security.grant_app(conn, 'no"such; role')
     with pytest.raises(ConfigurationError):
@@ -313,7 +304,7 @@ def test_grant_refuses_unknown_and_bad_roles(conn: psycopg.Connection[Any]) -> N
         security.grant_app(conn, "a\x00b")
 
 
-def test_grant_command(dsn: str, conn: psycopg.Connection[Any], capsys: Any) -> None:
+def test_grant_command(dsn: str, conn: Conn, capsys: Any) -> None:
     with login_role(dsn, "pgc_cli") as (role, role_dsn):
         assert run(["--dsn", dsn, "grant", "--app", role]) == 0
         assert f"GRANT INSERT ON pgcounters.queue, pgcounters.queue_unlogged TO {role}" in (
@@ -335,7 +326,7 @@ def test_grant_command(dsn: str, conn: psycopg.Connection[Any], capsys: Any) -> 
         assert "name at least one role" in capsys.readouterr().err
 
 
-def _state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+def _state(conn: Conn) -> tuple[Any, ...]:
     return tuple(
         conn.execute(statement).fetchall()
         for statement in (
@@ -350,9 +341,7 @@ def _state(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
     )
 
 
-def test_status_works_for_the_app_and_the_worker(
-    app: psycopg.Connection[Any], worker: psycopg.Connection[Any]
-) -> None:
+def test_status_works_for_the_app_and_the_worker(app: Conn, worker: Conn) -> None:
     Counters(app).incr("q", 1, 3)
     for c in (app, worker):
         status = get_status(c)
@@ -360,9 +349,7 @@ def test_status_works_for_the_app_and_the_worker(
         assert status.depth == 1  # the one queued increment
 
 
-def test_incr_runs_user_table_triggers_with_the_callers_rights(
-    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
-) -> None:
+def test_incr_runs_user_table_triggers_with_the_callers_rights(app: Conn, setup: Conn) -> None:
     """incr is not a definer function: a trigger on the counted table that the SQL incr
     updates runs as the application role, never as the owner of pgcounters."""
     setup.execute(
@@ -385,9 +372,7 @@ def test_incr_runs_user_table_triggers_with_the_callers_rights(
     assert definer == (False,)
 
 
-def test_app_role_may_not_pause_counting_unless_granted(
-    dsn: str, app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
-) -> None:
+def test_app_role_may_not_pause_counting_unless_granted(dsn: str, app: Conn, setup: Conn) -> None:
     role = app.execute("SELECT current_user").fetchone()
     assert role is not None
     insert = "INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')"
@@ -425,9 +410,7 @@ def test_app_role_may_not_pause_counting_unless_granted(
         app.execute(insert)
 
 
-def test_app_role_reads_only_the_counter_columns_of_a_parent(
-    dsn: str, setup: psycopg.Connection[Any]
-) -> None:
+def test_app_role_reads_only_the_counter_columns_of_a_parent(dsn: str, setup: Conn) -> None:
     setup.execute("ALTER TABLE blog_user ADD COLUMN password_hash text NOT NULL DEFAULT 'x'")
     with login_role(dsn, "pgc_app") as (role, role_dsn):
         granted = security.grant_app(setup, role)
@@ -450,7 +433,7 @@ def test_app_role_reads_only_the_counter_columns_of_a_parent(
 
 
 def test_app_role_cannot_purge_the_flush_records_that_make_flushes_count_once(
-    app: psycopg.Connection[Any], setup: psycopg.Connection[Any]
+    app: Conn, setup: Conn
 ) -> None:
     """A flush in doubt is looked up by its record: an application role that could delete
     records (a retention of its choosing) could make it count twice."""

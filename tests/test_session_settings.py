@@ -8,13 +8,13 @@ fixed settings; pgcounters' values are read back and compared key by key.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 import psycopg
 import pytest
 
 import blog_schema
 from pgcounters import Counters, triggers
+from pgcounters.connection import Conn
 from pgcounters.recount import recount, verify
 from pgcounters.specs import CounterSpec, NamedTarget
 
@@ -29,14 +29,14 @@ HOSTILE_SETTINGS = [
 ]
 
 
-def _hostile_session(dsn: str) -> psycopg.Connection[Any]:
+def _hostile_session(dsn: str) -> Conn:
     conn = psycopg.connect(dsn, autocommit=True)
     for statement in HOSTILE_SETTINGS:
         conn.execute(statement)
     return conn
 
 
-def _per_day_truth(conn: psycopg.Connection[Any]) -> dict[tuple[int, dt.date], int]:
+def _per_day_truth(conn: Conn) -> dict[tuple[int, dt.date], int]:
     rows = conn.execute(
         "SELECT article_id, created_on, count(*) FROM blog_comment"
         " WHERE publish_status = 'public' AND article_id IS NOT NULL"
@@ -166,7 +166,7 @@ def test_a_text_column_keys_a_date_with_one_field_order(dsn: str) -> None:
     "value",
     ["2026-11-21", "0099-01-02", "0044-03-15 BC", "10000-01-01", "infinity", "-infinity"],
 )
-def test_date_text_is_iso_in_every_date_style(conn: psycopg.Connection[Any], value: str) -> None:
+def test_date_text_is_iso_in_every_date_style(conn: Conn, value: str) -> None:
     conn.execute("SET DateStyle = 'ISO, YMD'")
     iso = conn.execute("SELECT %s::date::text", [value]).fetchone()
     for style in ("SQL, DMY", "German", "Postgres, MDY", "ISO, DMY"):

@@ -5,27 +5,25 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any
 
 import psycopg
 import pytest
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidKey
 
 U = uuid.UUID("6f1c2b7e-8a9d-4c3b-9e2f-0a1b2c3d4e5f")
 
 
-def sql_incr(conn: psycopg.Connection[Any], name: str, key: list[str], delta: int = 1) -> None:
+def sql_incr(conn: Conn, name: str, key: list[str], delta: int = 1) -> None:
     with translated():
         conn.execute("SELECT pgcounters.incr(%s, %s::text[], %s)", (name, key, delta))
 
 
 @pytest.mark.parametrize("mode", ["queued", "unlogged", "direct"])
-def test_spellings_of_one_key_make_one_key(
-    conn: psycopg.Connection[Any], pc: Counters, mode: str
-) -> None:
+def test_spellings_of_one_key_make_one_key(conn: Conn, pc: Counters, mode: str) -> None:
     pc.create_counter("k", key=(int, uuid.UUID, dt.date), mode=mode)  # type: ignore[arg-type]
     spellings = [
         ["7", str(U), "2026-01-05"],
@@ -41,9 +39,7 @@ def test_spellings_of_one_key_make_one_key(
     assert row.fetchone() == (4,)
 
 
-def test_the_canonical_date_does_not_depend_on_datestyle(
-    conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_the_canonical_date_does_not_depend_on_datestyle(conn: Conn, pc: Counters) -> None:
     pc.create_counter("d", key=dt.date)
     conn.execute("SET DateStyle = 'SQL, DMY'")
     sql_incr(conn, "d", ["2026-11-21"])
@@ -64,7 +60,7 @@ def test_the_canonical_date_does_not_depend_on_datestyle(
     ],
 )
 def test_bad_bigint_keys_are_refused(
-    conn: psycopg.Connection[Any], pc: Counters, key: list[str], message: str
+    conn: Conn, pc: Counters, key: list[str], message: str
 ) -> None:
     pc.create_counter("n", key=int)
     with pytest.raises(InvalidKey, match=message):
@@ -83,7 +79,7 @@ def test_bad_bigint_keys_are_refused(
     ],
 )
 def test_bad_keys_of_other_types_are_refused(
-    conn: psycopg.Connection[Any], pc: Counters, types: object, key: list[str], message: str
+    conn: Conn, pc: Counters, types: object, key: list[str], message: str
 ) -> None:
     pc.create_counter("c", key=types)
     with pytest.raises(InvalidKey, match=message):
@@ -91,7 +87,7 @@ def test_bad_keys_of_other_types_are_refused(
 
 
 def test_a_bigint_keyed_column_counter_refuses_a_text_key_from_sql(
-    conn: psycopg.Connection[Any], pc: Counters
+    conn: Conn, pc: Counters
 ) -> None:
     conn.execute("CREATE TABLE p (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
     conn.execute("INSERT INTO p VALUES (7)")
@@ -104,7 +100,7 @@ def test_a_bigint_keyed_column_counter_refuses_a_text_key_from_sql(
     assert conn.execute("SELECT n FROM p").fetchone() == (1,)
 
 
-def test_add_direct_canonicalises_and_refuses(conn: psycopg.Connection[Any], pc: Counters) -> None:
+def test_add_direct_canonicalises_and_refuses(conn: Conn, pc: Counters) -> None:
     t = pc.create_counter("dd", key=int, mode="direct").id
     with translated():
         conn.execute("SELECT pgcounters.add_direct(%s, %s, %s)", ([t, t], ["{+3}", "{03}"], [1, 2]))

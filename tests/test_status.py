@@ -8,13 +8,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgcounters import Counters, cli, status
+from pgcounters.connection import Conn
 from pgcounters.errors import SchemaNotInstalled
 from pgcounters.status import Metric, Status, get_status
 from pgcounters.worker import Worker, WorkerSettings
@@ -34,7 +34,7 @@ def types(text: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def loaded(conn: psycopg.Connection[Any], pc: Counters) -> Counters:
+def loaded(conn: Conn, pc: Counters) -> Counters:
     """Known queue contents: 'a' 30 deltas (5 of them an hour old), 'b' 12 unlogged, 'g' 0."""
     pc.create_counter("a", int)
     pc.create_counter("b", int, mode="unlogged")
@@ -91,7 +91,7 @@ def test_drain_statistics_count_what_was_applied(loaded: Counters) -> None:
     assert snap.queue("logged").oldest_age is None
 
 
-def test_old_statistics_fold_into_the_totals(conn: psycopg.Connection[Any], pc: Counters) -> None:
+def test_old_statistics_fold_into_the_totals(conn: Conn, pc: Counters) -> None:
     conn.execute(
         "INSERT INTO pgcounters.drain_stats VALUES"
         " (date_trunc('minute', now()) - interval '3 hours', false, 12345, 7, 700, 70, 1.5),"
@@ -111,9 +111,7 @@ def test_old_statistics_fold_into_the_totals(conn: psycopg.Connection[Any], pc: 
     assert logged.rates[15] == pytest.approx(1 / 960, rel=0.1)
 
 
-def test_tables_show_size_tuples_and_dead_tuples(
-    conn: psycopg.Connection[Any], loaded: Counters
-) -> None:
+def test_tables_show_size_tuples_and_dead_tuples(conn: Conn, loaded: Counters) -> None:
     conn.execute("CREATE TABLE article (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
     loaded.create_column_counter("article.n", "article", "n")
     loaded.drain()
@@ -139,9 +137,7 @@ def test_tables_show_size_tuples_and_dead_tuples(
     assert snap.table("pgcounters.counters").live_tuples == 8  # keys 0-3 and 9 of a, 0-2 of b
 
 
-def test_connected_workers_and_wakeups_are_shown(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_connected_workers_and_wakeups_are_shown(dsn: str, conn: Conn, pc: Counters) -> None:
     assert get_status(conn).workers == ()
     assert get_status(conn).wakeup_interval is None
     conn.execute("SELECT pgcounters.enable_wakeups(interval '250 ms')")
@@ -231,9 +227,7 @@ class _DriftSection:
                        "gauge", (((), 1),))]  # fmt: skip
 
 
-def test_other_parts_add_sections(
-    conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_other_parts_add_sections(conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(status, "_SECTIONS", {})
     status.register_section("triggers", lambda c: _DriftSection())
     snap = get_status(conn)
@@ -306,7 +300,7 @@ def test_the_http_endpoint_reports_down() -> None:
         server.server_close()
 
 
-def test_status_type_is_a_frozen_snapshot(conn: psycopg.Connection[Any]) -> None:
+def test_status_type_is_a_frozen_snapshot(conn: Conn) -> None:
     snap = get_status(conn)
     assert isinstance(snap, Status)
     with pytest.raises(AttributeError):

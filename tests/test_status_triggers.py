@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
-import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import blog_schema
 from pgcounters import cli, status, triggers
 from pgcounters.compiler import trigger_name
+from pgcounters.connection import Conn
 from pgcounters.specs import CounterSpec, Fragment
 from pgcounters.status import TriggersSection, get_status
 
@@ -35,7 +34,7 @@ def drift_of(got: Samples, counter: str) -> dict[str, float]:
     }
 
 
-def section(conn: psycopg.Connection[Any]) -> TriggersSection:
+def section(conn: Conn) -> TriggersSection:
     found = [s for s in get_status(conn).sections if s.name == "triggers"]
     assert len(found) == 1
     assert isinstance(found[0], TriggersSection)
@@ -43,14 +42,14 @@ def section(conn: psycopg.Connection[Any]) -> TriggersSection:
 
 
 @pytest.fixture
-def specs(conn: psycopg.Connection[Any]) -> list[CounterSpec]:
+def specs(conn: Conn) -> list[CounterSpec]:
     blog_schema.create(conn)
     chosen = blog_schema.specs()
     triggers.install(conn, chosen)
     return chosen
 
 
-def test_the_section_is_registered_by_default(conn: psycopg.Connection[Any]) -> None:
+def test_the_section_is_registered_by_default(conn: Conn) -> None:
     assert "triggers" in status._SECTIONS
     found = section(conn)
     assert found.counters == ()
@@ -58,7 +57,7 @@ def test_the_section_is_registered_by_default(conn: psycopg.Connection[Any]) -> 
     assert samples(status.prometheus(get_status(conn)))[("pgcounters_triggers_drifted", ())] == 0
 
 
-def test_all_installed(conn: psycopg.Connection[Any], specs: list[CounterSpec]) -> None:
+def test_all_installed(conn: Conn, specs: list[CounterSpec]) -> None:
     found = section(conn)
     assert {(c.counter, c.state) for c in found.counters} == {(s.name, "installed") for s in specs}
     assert found.lines() == ["triggers: 5 declared counters, all installed"]
@@ -72,7 +71,7 @@ def test_all_installed(conn: psycopg.Connection[Any], specs: list[CounterSpec]) 
 
 def test_every_kind_of_drift_in_text_json_and_prometheus(
     dsn: str,
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     specs: list[CounterSpec],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -129,7 +128,7 @@ def test_every_kind_of_drift_in_text_json_and_prometheus(
     assert {c.state for c in section(conn).counters} == {"installed"}
 
 
-def test_an_older_schema_reports_the_section_as_unknown(conn: psycopg.Connection[Any]) -> None:
+def test_an_older_schema_reports_the_section_as_unknown(conn: Conn) -> None:
     found = status.collect_triggers(conn)
     assert found.available
     conn.execute("UPDATE pgcounters.migrations SET version = -version WHERE version >= 2")

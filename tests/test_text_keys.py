@@ -3,14 +3,12 @@ PostgreSQL's own text of the array, or exact reads and drains would split one ke
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgcounters import Counters
 from pgcounters.client import array_literal
+from pgcounters.connection import Conn
 
 # text PostgreSQL can hold: no NUL, no surrogates
 PART = st.text(
@@ -27,15 +25,13 @@ PART = st.text(
 )
 @given(parts=st.lists(PART, max_size=4))
 def test_the_client_writes_the_text_postgresql_gives_the_array(
-    conn: psycopg.Connection[Any], parts: list[str]
+    conn: Conn, parts: list[str]
 ) -> None:
     row = conn.execute("SELECT %s::text[]::text", [parts]).fetchone()
     assert row == (array_literal(parts),)
 
 
-def test_keys_written_by_insert_copy_and_sql_are_one_key(
-    conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_keys_written_by_insert_copy_and_sql_are_one_key(conn: Conn, pc: Counters) -> None:
     pc.create_counter("k", key=(str, str))
     key = ("a b", 'x"y')
     pc.incr("k", key)  # INSERT with a text[] parameter

@@ -18,6 +18,7 @@ import blog_schema
 import truth
 from pgcounters import Counters, triggers
 from pgcounters.compiler import compile_spec, trigger_name
+from pgcounters.connection import Conn
 from pgcounters.errors import InvalidCounterDefinition, UnknownCounter
 from pgcounters.recount import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
@@ -27,7 +28,7 @@ MODES = ["queued", "unlogged", "direct"]
 
 
 @pytest.fixture
-def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def blog(conn: Conn) -> Conn:
     blog_schema.create(conn)
     return conn
 
@@ -62,7 +63,7 @@ def test_compiler_needs_no_database() -> None:
     assert changed.fingerprint != spec.fingerprint
 
 
-def test_hostile_values_are_quoted_literals(blog: psycopg.Connection[Any]) -> None:
+def test_hostile_values_are_quoted_literals(blog: Conn) -> None:
     hostile = "x'); DROP TABLE blog_comment; --\\ $$ $pgc$ %s {} \u00e9"
     spec = CounterSpec(
         name="hostile",
@@ -145,7 +146,7 @@ def test_fragment_placeholders_must_match_values() -> None:
     ],
 )
 def test_bad_declarations_fail_at_install_and_leave_nothing(
-    blog: psycopg.Connection[Any], spec: CounterSpec, message: str
+    blog: Conn, spec: CounterSpec, message: str
 ) -> None:
     good = blog_schema.specs()[0]
     with pytest.raises(InvalidCounterDefinition, match=message):
@@ -155,7 +156,7 @@ def test_bad_declarations_fail_at_install_and_leave_nothing(
     assert blog.execute("SELECT count(*) FROM pgcounters.targets").fetchone() == (0,)
 
 
-def _workload(conn: psycopg.Connection[Any]) -> None:
+def _workload(conn: Conn) -> None:
     """Every kind of write the seed's trigger misses: bulk, flips, moves, NULL keys, sums."""
     conn.execute(
         "INSERT INTO blog_comment (article_id, creator_id, publish_status, score, created_on)"
@@ -183,7 +184,7 @@ def _workload(conn: psycopg.Connection[Any]) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_every_write_is_counted(blog: psycopg.Connection[Any], mode: str) -> None:
+def test_every_write_is_counted(blog: Conn, mode: str) -> None:
     specs = blog_schema.specs(mode)
     triggers.install(blog, specs)
     _workload(blog)
@@ -199,7 +200,7 @@ def test_every_write_is_counted(blog: psycopg.Connection[Any], mode: str) -> Non
 
 
 @pytest.mark.parametrize("mode", ["queued", "unlogged"])
-def test_exact_reads_include_pending_deltas(blog: psycopg.Connection[Any], mode: str) -> None:
+def test_exact_reads_include_pending_deltas(blog: Conn, mode: str) -> None:
     specs = blog_schema.specs(mode)
     triggers.install(blog, specs)
     _workload(blog)
@@ -212,7 +213,7 @@ def test_exact_reads_include_pending_deltas(blog: psycopg.Connection[Any], mode:
     truth.assert_exact(blog, TRUTHS)
 
 
-def test_a_bulk_statement_writes_one_delta_per_key(blog: psycopg.Connection[Any]) -> None:
+def test_a_bulk_statement_writes_one_delta_per_key(blog: Conn) -> None:
     triggers.install(blog, blog_schema.specs()[:1])
     blog.execute(
         "INSERT INTO blog_comment (article_id, publish_status)"
@@ -227,7 +228,7 @@ def test_a_bulk_statement_writes_one_delta_per_key(blog: psycopg.Connection[Any]
     assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (5,)
 
 
-def test_mark_as_read_twice_counts_once(blog: psycopg.Connection[Any], dsn: str) -> None:
+def test_mark_as_read_twice_counts_once(blog: Conn, dsn: str) -> None:
     """Seed 003: two requests mark the same comment at once; the count drops exactly once."""
     spec = blog_schema.specs()[0]
     triggers.install(blog, [spec])
@@ -255,7 +256,7 @@ def test_mark_as_read_twice_counts_once(blog: psycopg.Connection[Any], dsn: str)
     assert Counters(blog).get(spec.name, 1) == 0
 
 
-def test_truncate_resets_the_counters(blog: psycopg.Connection[Any]) -> None:
+def test_truncate_resets_the_counters(blog: Conn) -> None:
     specs = blog_schema.specs()
     triggers.install(blog, specs)
     _workload(blog)
@@ -269,7 +270,7 @@ def test_truncate_resets_the_counters(blog: psycopg.Connection[Any]) -> None:
     assert Counters(blog).get("blog.article.public_comments", 1) == 1
 
 
-def test_rolled_back_writes_count_nothing(blog: psycopg.Connection[Any]) -> None:
+def test_rolled_back_writes_count_nothing(blog: Conn) -> None:
     triggers.install(blog, blog_schema.specs())
     with blog.transaction(force_rollback=True):
         blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
@@ -277,7 +278,7 @@ def test_rolled_back_writes_count_nothing(blog: psycopg.Connection[Any]) -> None
     assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (0,)
 
 
-def test_drift_is_detected(blog: psycopg.Connection[Any]) -> None:
+def test_drift_is_detected(blog: Conn) -> None:
     specs = blog_schema.specs()
     triggers.install(blog, specs)
     assert {d.state for d in triggers.drift(blog)} == {"installed"}
@@ -303,7 +304,7 @@ def test_drift_is_detected(blog: psycopg.Connection[Any]) -> None:
     assert {d.name: d.state for d in triggers.drift(blog, [changed])}[changed.name] == "installed"
 
 
-def test_uninstall_removes_triggers_and_optionally_values(blog: psycopg.Connection[Any]) -> None:
+def test_uninstall_removes_triggers_and_optionally_values(blog: Conn) -> None:
     specs = blog_schema.specs()
     triggers.install(blog, specs)
     blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
@@ -316,7 +317,7 @@ def test_uninstall_removes_triggers_and_optionally_values(blog: psycopg.Connecti
     assert not triggers.uninstall(blog, "never.declared")
 
 
-def test_bulk_import_paused_then_recount(blog: psycopg.Connection[Any]) -> None:
+def test_bulk_import_paused_then_recount(blog: Conn) -> None:
     specs = blog_schema.specs()
     triggers.install(blog, specs)
     with triggers.paused(blog):
@@ -342,7 +343,7 @@ def test_bulk_import_paused_then_recount(blog: psycopg.Connection[Any]) -> None:
     assert blog.execute("SELECT count(*) FROM pgcounters.queue").fetchone() != (0,)
 
 
-def test_pausing_one_counter_leaves_the_others(blog: psycopg.Connection[Any]) -> None:
+def test_pausing_one_counter_leaves_the_others(blog: Conn) -> None:
     specs = blog_schema.specs()
     triggers.install(blog, specs)
     with triggers.paused(blog, specs[0].name):
@@ -351,7 +352,7 @@ def test_pausing_one_counter_leaves_the_others(blog: psycopg.Connection[Any]) ->
     assert Counters(blog).get("blog.comments_total") == 1
 
 
-def test_recount_resumes_and_takes_key_ranges(blog: psycopg.Connection[Any]) -> None:
+def test_recount_resumes_and_takes_key_ranges(blog: Conn) -> None:
     spec = blog_schema.specs()[0]
     triggers.install(blog, [spec])
     tamper(blog, "UPDATE blog_article SET public_comments = 99")
@@ -377,7 +378,7 @@ def test_recount_resumes_and_takes_key_ranges(blog: psycopg.Connection[Any]) -> 
     assert verify(blog, spec).ok
 
 
-def test_verify_samples_and_reports_mismatches(blog: psycopg.Connection[Any]) -> None:
+def test_verify_samples_and_reports_mismatches(blog: Conn) -> None:
     spec = blog_schema.specs()[0]
     triggers.install(blog, [spec])
     blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (2, 'public')")
@@ -407,9 +408,7 @@ def _drainer(
         errors.append(exc)
 
 
-def test_recount_during_writes_and_drains_ends_exact(
-    blog: psycopg.Connection[Any], dsn: str
-) -> None:
+def test_recount_during_writes_and_drains_ends_exact(blog: Conn, dsn: str) -> None:
     specs = blog_schema.specs()
     triggers.install(blog, specs)
     tamper(blog, "UPDATE blog_article SET public_comments = 1000")  # wrong on purpose
@@ -482,7 +481,7 @@ OPS = st.lists(
 )
 
 
-def _apply(conn: psycopg.Connection[Any], op: tuple[Any, ...]) -> None:
+def _apply(conn: Conn, op: tuple[Any, ...]) -> None:
     kind = op[0]
     row = sql.SQL("(SELECT id FROM blog_comment ORDER BY id OFFSET %s LIMIT 1)")
     if kind == "insert":
@@ -524,9 +523,7 @@ def _apply(conn: psycopg.Connection[Any], op: tuple[Any, ...]) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_random_operation_sequences_match_the_truth(
-    blog: psycopg.Connection[Any], mode: str
-) -> None:
+def test_random_operation_sequences_match_the_truth(blog: Conn, mode: str) -> None:
     specs = blog_schema.specs(mode)
     triggers.install(blog, specs)
 
@@ -544,9 +541,7 @@ def test_random_operation_sequences_match_the_truth(
     run()
 
 
-def test_threads_with_multi_row_transactions_and_drainers(
-    conn: psycopg.Connection[Any], dsn: str
-) -> None:
+def test_threads_with_multi_row_transactions_and_drainers(conn: Conn, dsn: str) -> None:
     """8 writers, random multi-statement transactions, each on its own comments (so the
     writers never wait for each other's rows); 2 drainers. Queued counters add no lock."""
     blog_schema.create(conn, users=8)
@@ -626,7 +621,7 @@ def test_threads_with_multi_row_transactions_and_drainers(
     assert conn.execute("SELECT count(*) FROM blog_comment").fetchone() != (0,)
 
 
-def test_copy_is_counted(blog: psycopg.Connection[Any]) -> None:
+def test_copy_is_counted(blog: Conn) -> None:
     triggers.install(blog, blog_schema.specs()[:1])
     data = io.StringIO("".join(f"{1 + i % 3}\tpublic\n" for i in range(30)))
     with (
@@ -638,7 +633,7 @@ def test_copy_is_counted(blog: psycopg.Connection[Any]) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_keys_equal_in_their_key_type_are_one_key(conn: psycopg.Connection[Any], mode: Any) -> None:
+def test_keys_equal_in_their_key_type_are_one_key(conn: Conn, mode: Any) -> None:
     """A numeric 1.0 and 1.00 key one bigint counter; timestamps of one day key one date:
     grouped and written as the key type's canonical text, as the client reads them."""
     conn.execute(
@@ -692,7 +687,7 @@ def test_keys_equal_in_their_key_type_are_one_key(conn: psycopg.Connection[Any],
 
 
 def test_a_counter_declared_again_over_another_table_leaves_the_old_one(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
 ) -> None:
     conn.execute(
         "CREATE TABLE post (id bigint PRIMARY KEY, comments bigint NOT NULL DEFAULT 0);"

@@ -11,12 +11,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-import psycopg
 import pytest
 
 import blog_schema
 import truth
 from pgcounters import Counters, triggers
+from pgcounters.connection import Conn
 from support import tamper
 
 TRUTHS = blog_schema.truths()
@@ -24,7 +24,7 @@ BY_NAME = {t.counter: t for t in TRUTHS}
 
 
 @pytest.fixture
-def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def blog(conn: Conn) -> Conn:
     blog_schema.create(conn)
     triggers.install(conn, blog_schema.specs())
     conn.execute(
@@ -36,14 +36,14 @@ def blog(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return conn
 
 
-def _target_id(conn: psycopg.Connection[Any], name: str) -> int:
+def _target_id(conn: Conn, name: str) -> int:
     row = conn.execute("SELECT id FROM pgcounters.targets WHERE name = %s", (name,)).fetchone()
     assert row is not None
     return int(row[0])
 
 
 def test_the_truths_of_the_test_schema_hold_and_are_not_all_zero(
-    blog: psycopg.Connection[Any],
+    blog: Conn,
 ) -> None:
     truth.assert_exact(blog, TRUTHS)
     truth.assert_drained(blog, TRUTHS)
@@ -65,7 +65,7 @@ def test_the_truths_of_the_test_schema_hold_and_are_not_all_zero(
     assert all(v > 0 for v in score.values())
 
 
-def test_a_wrong_stored_column_value_is_named(blog: psycopg.Connection[Any]) -> None:
+def test_a_wrong_stored_column_value_is_named(blog: Conn) -> None:
     Counters(blog).drain()
     tamper(blog, "UPDATE blog_article SET score_total = score_total + 1 WHERE id IN (2, 4)")
     with pytest.raises(AssertionError) as failed:
@@ -80,7 +80,7 @@ def test_a_wrong_stored_column_value_is_named(blog: psycopg.Connection[Any]) -> 
     assert [(m.key, m.found - m.truth) for m in wrong] == [((2,), 1), ((4,), 1)]
 
 
-def test_a_wrong_pending_delta_of_a_composite_key_is_named(blog: psycopg.Connection[Any]) -> None:
+def test_a_wrong_pending_delta_of_a_composite_key_is_named(blog: Conn) -> None:
     target = _target_id(blog, "blog.comments_per_article_day")
     blog.execute(
         "INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, '{3,2026-11-21}', 2)",
@@ -92,7 +92,7 @@ def test_a_wrong_pending_delta_of_a_composite_key_is_named(blog: psycopg.Connect
         truth.assert_drained(blog, TRUTHS)
 
 
-def test_a_key_no_typed_key_can_name_is_a_mismatch(blog: psycopg.Connection[Any]) -> None:
+def test_a_key_no_typed_key_can_name_is_a_mismatch(blog: Conn) -> None:
     """A key with a NULL part (what a trigger that forgot the NULL test would queue)."""
     target = _target_id(blog, "blog.comments_per_article_day")
     blog.execute(
@@ -107,7 +107,7 @@ def test_a_key_no_typed_key_can_name_is_a_mismatch(blog: psycopg.Connection[Any]
 
 
 def test_a_key_the_truth_counts_but_pgcounters_lacks_is_named(
-    blog: psycopg.Connection[Any],
+    blog: Conn,
 ) -> None:
     Counters(blog).drain()
     blog.execute(
@@ -118,7 +118,7 @@ def test_a_key_the_truth_counts_but_pgcounters_lacks_is_named(
     assert [(m.key, m.truth, m.found) for m in wrong] == [((), 60, 0)]
 
 
-def test_a_wrong_value_fails_the_drained_check(blog: psycopg.Connection[Any]) -> None:
+def test_a_wrong_value_fails_the_drained_check(blog: Conn) -> None:
     truth.assert_drained(blog, TRUTHS)
     assert truth.pending_deltas(blog, "blog.comments_total") == 0
     tamper(blog, "UPDATE blog_user SET public_comments = public_comments - 1 WHERE id = 1")

@@ -23,6 +23,7 @@ import pytest
 import blog_schema
 import truth
 from pgcounters import Counters, cli, install, triggers
+from pgcounters.connection import Conn
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.recount import verify
 from pgcounters.specs import CounterSpec
@@ -33,7 +34,7 @@ TOTAL = "blog.comments_total"
 
 
 @pytest.fixture
-def blog(conn: psycopg.Connection[Any]) -> list[CounterSpec]:
+def blog(conn: Conn) -> list[CounterSpec]:
     """The blog schema with every kind of declared counter, some comments, drained."""
     blog_schema.create(conn)
     specs = blog_schema.specs()
@@ -58,7 +59,7 @@ def run(
 TRUTHS = blog_schema.truths()
 
 
-def off_keys(conn: psycopg.Connection[Any]) -> set[tuple[str, Any]]:
+def off_keys(conn: Conn) -> set[tuple[str, Any]]:
     """(counter, key) of every exact value the hand-written truth finds wrong."""
     return {(m.counter, m.key) for t in TRUTHS for m in truth.exact_mismatches(conn, t)}
 
@@ -69,7 +70,7 @@ def env() -> dict[str, str]:
 
 def test_verify_finds_tampering_and_recount_repairs_it(
     dsn: str,
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     blog: list[CounterSpec],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -124,7 +125,7 @@ def test_verify_finds_tampering_and_recount_repairs_it(
 
 def test_verify_samples_shows_few_differences_and_refuses_unknown_counters(
     dsn: str,
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     blog: list[CounterSpec],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -151,7 +152,7 @@ def test_verify_and_recount_with_no_declared_counters(
 
 def test_recount_takes_key_ranges(
     dsn: str,
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     blog: list[CounterSpec],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -188,7 +189,7 @@ def test_recount_takes_key_ranges(
 
 def test_recount_while_writers_and_a_drainer_run_ends_exact(
     dsn: str,
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     blog: list[CounterSpec],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -259,7 +260,7 @@ def _spawn_recount(dsn: str, *args: str, **kwargs: Any) -> subprocess.Popen[byte
 
 
 def test_an_interrupted_recount_resumes_where_it_stopped(
-    dsn: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+    dsn: str, conn: Conn, capsys: pytest.CaptureFixture[str]
 ) -> None:
     blog_schema.create(conn, articles=3000)
     spec = blog_schema.specs()[0]
@@ -314,7 +315,7 @@ def test_an_interrupted_recount_resumes_where_it_stopped(
 
 
 def test_ctrl_c_stops_a_recount_with_exit_130_and_it_resumes(
-    dsn: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+    dsn: str, conn: Conn, capsys: pytest.CaptureFixture[str]
 ) -> None:
     blog_schema.create(conn, articles=3000)
     spec = blog_schema.specs()[0]
@@ -351,7 +352,7 @@ def test_ctrl_c_stops_a_recount_with_exit_130_and_it_resumes(
 
 
 def test_the_progress_bar_goes_to_a_terminal_only(
-    dsn: str, conn: psycopg.Connection[Any], blog: list[CounterSpec]
+    dsn: str, conn: Conn, blog: list[CounterSpec]
 ) -> None:
     def recount_on_a_terminal(
         *extra: str, size: tuple[int, int] = (24, 100)

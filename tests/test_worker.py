@@ -9,12 +9,12 @@ import time
 from collections import Counter as Tally
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 import pytest
 
 from pgcounters import Counters, cli
+from pgcounters.connection import Conn
 from pgcounters.errors import ConfigurationError
 from pgcounters.worker import Worker, WorkerSettings
 from support import queued, wait_for
@@ -43,7 +43,7 @@ def running(worker: Worker) -> Iterator[list[BaseException]]:
 
 
 def test_a_worker_in_a_thread_drains_both_queues_and_stops(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     pc.create_counter("views", int)
     pc.create_counter("fast", int, mode="unlogged")
@@ -69,7 +69,7 @@ def test_stop_before_run_returns_at_once(dsn: str) -> None:
 
 
 def test_several_workers_with_concurrent_writers_are_exact(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     pc.create_counter("hot", int)
     pc.create_counter("hot.u", int, mode="unlogged")
@@ -108,7 +108,7 @@ def test_several_workers_with_concurrent_writers_are_exact(
 
 
 def test_a_batch_over_statement_timeout_is_retried_smaller(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters, caplog: pytest.LogCaptureFixture
+    dsn: str, conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
 ) -> None:
     conn.execute("CREATE TABLE article (id bigint PRIMARY KEY, views bigint NOT NULL DEFAULT 0)")
     conn.execute("INSERT INTO article (id) SELECT generate_series(1, 5)")
@@ -171,9 +171,7 @@ def test_max_interval_below_min_interval_is_refused(dsn: str) -> None:
 # -- wake-ups -----------------------------------------------------------------
 
 
-def test_wakeups_are_rate_limited_not_one_per_delta(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_wakeups_are_rate_limited_not_one_per_delta(dsn: str, conn: Conn, pc: Counters) -> None:
     pc.create_counter("c", int)
     pc.create_counter("u", int, mode="unlogged")
     conn.execute("SELECT pgcounters.enable_wakeups(interval '1 hour')")
@@ -190,7 +188,7 @@ def test_wakeups_are_rate_limited_not_one_per_delta(
 
 
 def test_wakeups_follow_the_interval_and_can_be_turned_off(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     pc.create_counter("c", int)
     conn.execute("SELECT pgcounters.enable_wakeups(interval '1 millisecond')")
@@ -213,7 +211,7 @@ def test_wakeups_follow_the_interval_and_can_be_turned_off(
 
 
 def test_a_rolled_back_or_repeatable_read_writer_is_not_disturbed(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     pc.create_counter("c", int)
     conn.execute("SELECT pgcounters.enable_wakeups(interval '1 millisecond')")
@@ -231,9 +229,7 @@ def test_a_rolled_back_or_repeatable_read_writer_is_not_disturbed(
     assert pc.get("c", 2) == 0
 
 
-def test_a_listening_worker_wakes_on_a_notification(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_a_listening_worker_wakes_on_a_notification(dsn: str, conn: Conn, pc: Counters) -> None:
     pc.create_counter("c", int)
     conn.execute("SELECT pgcounters.enable_wakeups(interval '10 milliseconds')")
     # polling alone would not come back for an hour

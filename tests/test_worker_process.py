@@ -17,12 +17,13 @@ import time
 from collections import Counter as Tally
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import psycopg
 import pytest
 
 from pgcounters import Counters, install
+from pgcounters.connection import Conn
 from pgcounters.embedded import EmbeddedPostgres
 from support import queued, wait_for
 
@@ -39,7 +40,7 @@ def spawn(dsn: str, *args: str, log: IO[bytes] | int = subprocess.PIPE) -> subpr
     )
 
 
-def worker_backends(conn: psycopg.Connection[Any]) -> list[tuple[int, str, str | None, str]]:
+def worker_backends(conn: Conn) -> list[tuple[int, str, str | None, str]]:
     """(pid, state, wait_event_type, query) of the worker connections to this database."""
     rows = conn.execute(
         "SELECT pid, state, wait_event_type, query FROM pg_stat_activity"
@@ -49,12 +50,12 @@ def worker_backends(conn: psycopg.Connection[Any]) -> list[tuple[int, str, str |
     return [(int(r[0]), str(r[1]), r[2], str(r[3])) for r in rows]
 
 
-def draining(conn: psycopg.Connection[Any]) -> bool:
+def draining(conn: Conn) -> bool:
     """A worker is executing a drain batch right now."""
     return any(s == "active" and "pgcounters.drain_" in q for _, s, _, q in worker_backends(conn))
 
 
-def fill(conn: psycopg.Connection[Any], counter: str, table: str, rows: int, keys: int) -> None:
+def fill(conn: Conn, counter: str, table: str, rows: int, keys: int) -> None:
     """Queue ``rows`` deltas of -1..3 over ``keys`` keys in one statement."""
     target = conn.execute("SELECT id FROM pgcounters.targets WHERE name = %s", (counter,))
     row = target.fetchone()
@@ -114,7 +115,7 @@ class Writer(threading.Thread):
 COUNTERS = (("k", 100), ("u", 40), ("article.views", 50))
 
 
-def _declare(conn: psycopg.Connection[Any], pc: Counters) -> None:
+def _declare(conn: Conn, pc: Counters) -> None:
     pc.create_counter("k", int)
     pc.create_counter("u", int, mode="unlogged")
     conn.execute("CREATE TABLE article (id bigint PRIMARY KEY, views bigint NOT NULL DEFAULT 0)")
@@ -124,7 +125,7 @@ def _declare(conn: psycopg.Connection[Any], pc: Counters) -> None:
 
 @pytest.mark.slow
 def test_kill_9_in_the_middle_of_batches_loses_nothing_and_applies_nothing_twice(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     _declare(conn, pc)
     fill(conn, "k", "queue", 200_000, 100)
@@ -176,9 +177,7 @@ def test_kill_9_in_the_middle_of_batches_loses_nothing_and_applies_nothing_twice
     }
 
 
-def test_sigterm_finishes_the_batch_and_exits_0(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
-) -> None:
+def test_sigterm_finishes_the_batch_and_exits_0(dsn: str, conn: Conn, pc: Counters) -> None:
     _declare(conn, pc)
     fill(conn, "k", "queue", 300_000, 100)
     before = exact(pc, COUNTERS)
@@ -214,7 +213,7 @@ def _read_until(proc: subprocess.Popen[bytes], text: bytes, timeout: float = 60.
 
 
 def test_a_second_signal_stops_at_once_and_the_open_batch_rolls_back(
-    dsn: str, conn: psycopg.Connection[Any], pc: Counters
+    dsn: str, conn: Conn, pc: Counters
 ) -> None:
     _declare(conn, pc)
     for i in range(10):

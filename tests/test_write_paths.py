@@ -14,12 +14,13 @@ import pytest
 
 import blog_schema
 from pgcounters import Counters, triggers
+from pgcounters.connection import Conn
 
 MODES = ["queued", "unlogged", "direct"]
-Write = Callable[[psycopg.Connection[Any]], None]
+Write = Callable[[Conn], None]
 
 
-def hand_truth(conn: psycopg.Connection[Any]) -> dict[str, dict[tuple[Any, ...], int]]:
+def hand_truth(conn: Conn) -> dict[str, dict[tuple[Any, ...], int]]:
     """The five counters of the test blog, each by its own GROUP BY, keys without a zero."""
 
     def rows(query: str) -> dict[tuple[Any, ...], int]:
@@ -46,7 +47,7 @@ def hand_truth(conn: psycopg.Connection[Any]) -> dict[str, dict[tuple[Any, ...],
     }
 
 
-def assert_counted(conn: psycopg.Connection[Any]) -> None:
+def assert_counted(conn: Conn) -> None:
     truth = hand_truth(conn)
     pc = Counters(conn)
     articles = [r[0] for r in conn.execute("SELECT id FROM blog_article").fetchall()]
@@ -68,7 +69,7 @@ def assert_counted(conn: psycopg.Connection[Any]) -> None:
     assert wrong == {}, "(counter, key): (pgcounters, truth)"
 
 
-def _savepoints(conn: psycopg.Connection[Any]) -> None:
+def _savepoints(conn: Conn) -> None:
     with conn.transaction():
         conn.execute(
             "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
@@ -90,7 +91,7 @@ def _savepoints(conn: psycopg.Connection[Any]) -> None:
         conn.execute("ROLLBACK TO SAVEPOINT s")
 
 
-def _merge(conn: psycopg.Connection[Any]) -> None:
+def _merge(conn: Conn) -> None:
     conn.execute(
         "INSERT INTO blog_comment (id, article_id, creator_id, publish_status, score)"
         " VALUES (101, 1, 1, 'public', 1), (102, 2, 2, 'private', 2), (103, 3, 3, 'public', 3)"
@@ -108,7 +109,7 @@ def _merge(conn: psycopg.Connection[Any]) -> None:
     )
 
 
-def _writable_ctes(conn: psycopg.Connection[Any]) -> None:
+def _writable_ctes(conn: Conn) -> None:
     conn.execute(
         "INSERT INTO blog_comment (article_id, creator_id, publish_status, score)"
         " SELECT g % 5 + 1, g % 3 + 1, 'public', g FROM generate_series(1, 30) g"
@@ -124,7 +125,7 @@ def _writable_ctes(conn: psycopg.Connection[Any]) -> None:
     )
 
 
-def _on_conflict(conn: psycopg.Connection[Any]) -> None:
+def _on_conflict(conn: Conn) -> None:
     conn.execute(
         "INSERT INTO blog_comment (id, article_id, creator_id, publish_status, score)"
         " VALUES (201, 1, 1, 'public', 1), (202, 2, 2, 'private', 2)"
@@ -141,7 +142,7 @@ def _on_conflict(conn: psycopg.Connection[Any]) -> None:
     )
 
 
-def _copy(conn: psycopg.Connection[Any]) -> None:
+def _copy(conn: Conn) -> None:
     with (
         conn.cursor() as cur,
         cur.copy(
@@ -155,7 +156,7 @@ def _copy(conn: psycopg.Connection[Any]) -> None:
             copy.write_row((i % 5 + 1, i % 4 + 1 if i % 7 else None, status, i, day))
 
 
-def _user_trigger(conn: psycopg.Connection[Any]) -> None:
+def _user_trigger(conn: Conn) -> None:
     """A trigger of the application's that writes the counted table itself (nested writes)."""
     conn.execute(
         """CREATE FUNCTION echo_comment() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -189,7 +190,7 @@ WRITES: dict[str, Write] = {
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("path", list(WRITES))
-def test_every_write_path_is_counted(conn: psycopg.Connection[Any], mode: str, path: str) -> None:
+def test_every_write_path_is_counted(conn: Conn, mode: str, path: str) -> None:
     blog_schema.create(conn)
     triggers.install(conn, blog_schema.specs(mode))
     WRITES[path](conn)

@@ -30,14 +30,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-import psycopg
 from psycopg import sql
 
 from pgcounters import Counters
+from pgcounters.connection import Conn
 
 Key: TypeAlias = tuple[Any, ...]
 Values: TypeAlias = dict[Key, int]
-Reader: TypeAlias = Callable[[psycopg.Connection[Any]], Values]
+Reader: TypeAlias = Callable[[Conn], Values]
 Query: TypeAlias = str | sql.SQL | sql.Composed
 
 _SHOWN = 40  # mismatches spelled out in a failure message (all are counted)
@@ -75,7 +75,7 @@ def _rows_to_values(rows: Iterable[Sequence[Any]]) -> Values:
 
 
 def _query(text: Query, params: Sequence[Any]) -> Reader:
-    def read(conn: psycopg.Connection[Any]) -> Values:
+    def read(conn: Conn) -> Values:
         return _rows_to_values(conn.execute(text, params).fetchall())
 
     return read
@@ -101,7 +101,7 @@ def from_rows(counter: str, count: Reader, stored: Reader | None = None) -> Trut
 # -- what pgcounters holds, read by hand ------------------------------------------------
 
 
-def _target(conn: psycopg.Connection[Any], counter: str) -> tuple[int, list[str]] | None:
+def _target(conn: Conn, counter: str) -> tuple[int, list[str]] | None:
     """The counter's target id and key types; None when no trigger has recorded it yet
     (a declared counter gets its target when its triggers first fire)."""
     row = conn.execute(
@@ -137,7 +137,7 @@ def _typed(parts: Sequence[str | None], key_types: Sequence[str]) -> Key | None:
         return None
 
 
-def _held(conn: psycopg.Connection[Any], target: int) -> dict[tuple[str | None, ...], int]:
+def _held(conn: Conn, target: int) -> dict[tuple[str | None, ...], int]:
     """Stored + pending per key of a named counter, summed by hand from the tables."""
     rows = conn.execute(
         "SELECT key, sum(v)::bigint FROM ("
@@ -150,14 +150,14 @@ def _held(conn: psycopg.Connection[Any], target: int) -> dict[tuple[str | None, 
     return {tuple(key): int(value) for key, value in rows}
 
 
-def _stored_named(conn: psycopg.Connection[Any], target: int) -> dict[tuple[str | None, ...], int]:
+def _stored_named(conn: Conn, target: int) -> dict[tuple[str | None, ...], int]:
     rows = conn.execute(
         "SELECT key, value FROM pgcounters.counters WHERE target_id = %s", (target,)
     ).fetchall()
     return {tuple(key): int(value) for key, value in rows}
 
 
-def pending_deltas(conn: psycopg.Connection[Any], counter: str) -> int:
+def pending_deltas(conn: Conn, counter: str) -> int:
     """Deltas of one counter still waiting in either queue (counted by hand)."""
     found = _target(conn, counter)
     if found is None:
@@ -202,7 +202,7 @@ def _sorted(keys: Iterable[Any]) -> list[Any]:
     return sorted(keys, key=repr)
 
 
-def exact_mismatches(conn: psycopg.Connection[Any], truth: Truth) -> list[Mismatch]:
+def exact_mismatches(conn: Conn, truth: Truth) -> list[Mismatch]:
     """Keys whose exact value (``Counters.get_many``) differs from the truth."""
     expected = truth.count(conn)
     pc = Counters(conn)
@@ -233,7 +233,7 @@ def exact_mismatches(conn: psycopg.Connection[Any], truth: Truth) -> list[Mismat
     return out
 
 
-def stored_mismatches(conn: psycopg.Connection[Any], truth: Truth) -> list[Mismatch]:
+def stored_mismatches(conn: Conn, truth: Truth) -> list[Mismatch]:
     """Keys whose stored value (read by hand, pending deltas left out) differs from the truth."""
     expected = truth.count(conn)
     if truth.stored is not None:
@@ -258,7 +258,7 @@ def _fail(mismatches: Sequence[Mismatch], header: str) -> None:
     raise AssertionError(f"{header}: {len(mismatches)} mismatching keys\n" + "\n".join(lines))
 
 
-def assert_exact(conn: psycopg.Connection[Any], truths: Iterable[Truth]) -> None:
+def assert_exact(conn: Conn, truths: Iterable[Truth]) -> None:
     """Every counter's exact values equal its independent truth, key by key."""
     mismatches: list[Mismatch] = []
     for truth in truths:
@@ -266,7 +266,7 @@ def assert_exact(conn: psycopg.Connection[Any], truths: Iterable[Truth]) -> None
     _fail(mismatches, "pgcounters' exact values differ from the truth")
 
 
-def assert_drained(conn: psycopg.Connection[Any], truths: Iterable[Truth]) -> None:
+def assert_drained(conn: Conn, truths: Iterable[Truth]) -> None:
     """Drain every queue, then: no delta of these counters is left, and both the stored and
     the exact values equal the truth, key by key."""
     truths = list(truths)
@@ -280,7 +280,7 @@ def assert_drained(conn: psycopg.Connection[Any], truths: Iterable[Truth]) -> No
     _fail(mismatches, "pgcounters' values after a full drain differ from the truth")
 
 
-def assert_stored(conn: psycopg.Connection[Any], truths: Iterable[Truth]) -> None:
+def assert_stored(conn: Conn, truths: Iterable[Truth]) -> None:
     """The stored values (pending deltas left out) equal the truth: for a check after a drain
     the test ran itself, or of what a recount wrote."""
     mismatches: list[Mismatch] = []
@@ -289,6 +289,6 @@ def assert_stored(conn: psycopg.Connection[Any], truths: Iterable[Truth]) -> Non
     _fail(mismatches, "pgcounters' stored values differ from the truth")
 
 
-def values(conn: psycopg.Connection[Any], truth: Truth) -> Values:
+def values(conn: Conn, truth: Truth) -> Values:
     """The truth's values (for tests that look at a few keys themselves)."""
     return truth.count(conn)

@@ -33,6 +33,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from pgcounters import recount as _recount
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.specs import ColumnTarget, CounterSpec
@@ -58,7 +59,7 @@ BUSY_PAUSE_MAX = 0.5
 """The longest of those waits (the pause doubles while the row stays held)."""
 
 
-def request(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
+def request(conn: Conn, spec: CounterSpec) -> None:
     """Mark ``spec`` for a backfill from its first key (in the caller's transaction)."""
     conn.execute(
         "INSERT INTO pgcounters.backfills (name, fingerprint) VALUES (%s, %s)"
@@ -68,12 +69,12 @@ def request(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
     )
 
 
-def cancel(conn: psycopg.Connection[Any], name: str) -> None:
+def cancel(conn: Conn, name: str) -> None:
     """Forget the backfill of a counter that is gone."""
     conn.execute("DELETE FROM pgcounters.backfills WHERE name = %s", (name,))
 
 
-def pending(conn: psycopg.Connection[Any]) -> list[Backfill]:
+def pending(conn: Conn) -> list[Backfill]:
     """Counters being backfilled, by name."""
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(
@@ -92,7 +93,7 @@ def _check_batch_size(batch_size: int) -> None:
 
 
 def run(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     names: Sequence[str] | None = None,
     *,
     batch_size: int = 1000,
@@ -134,7 +135,7 @@ def run(
     return done
 
 
-def step(conn: psycopg.Connection[Any], batch_size: int = 1000) -> int:
+def step(conn: Conn, batch_size: int = 1000) -> int:
     """One batch of the first pending backfill that is free; the keys it went through."""
     _check_batch_size(batch_size)
     for b in pending(conn):
@@ -145,7 +146,7 @@ def step(conn: psycopg.Connection[Any], batch_size: int = 1000) -> int:
 
 
 def _batch(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     name: str,
     batch_size: int,
     resolved: dict[str, tuple[CounterSpec, int]] | None = None,
@@ -208,7 +209,7 @@ def _batch(
 
 
 def _named_batch(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     spec: CounterSpec,
     target: int,
     cursor: list[str] | None,
@@ -230,9 +231,7 @@ def _named_batch(
     return keys[start : start + batch_size]
 
 
-def _column_keys(
-    conn: psycopg.Connection[Any], spec: CounterSpec, cursor: list[str] | None, limit: int
-) -> list[Any]:
+def _column_keys(conn: Conn, spec: CounterSpec, cursor: list[str] | None, limit: int) -> list[Any]:
     t = spec.target
     assert isinstance(t, ColumnTarget)
     k = sql.Identifier(t.key_column)

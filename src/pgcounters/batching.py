@@ -48,11 +48,11 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 
 from pgcounters.client import Increment
+from pgcounters.connection import Conn
 from pgcounters.errors import (
     BufferClosed,
     BufferFlushFailed,
@@ -165,7 +165,7 @@ class BatchingCounters:
 
     def __init__(
         self,
-        database: str | psycopg.Connection[Any],
+        database: str | Conn,
         *,
         max_pending: int = 10_000,
         interval: float | None = 1.0,
@@ -257,7 +257,7 @@ class BatchingCounters:
         return IncrementGroup(self)
 
     @contextmanager
-    def transaction(self, conn: psycopg.Connection[Any]) -> Iterator[IncrementGroup]:
+    def transaction(self, conn: Conn) -> Iterator[IncrementGroup]:
         """A transaction on ``conn`` whose increments are buffered only if it commits.
 
         ``conn`` must not already be in a transaction: an inner block would be a

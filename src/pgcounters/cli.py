@@ -20,6 +20,7 @@ import psycopg
 from pgcounters import __version__, demo, schema
 from pgcounters.client import MODES, Counters
 from pgcounters.config import connect, database
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import ConfigurationError, DrainError, InvalidKey, PgCountersError
 from pgcounters.keys import KeyType
@@ -894,7 +895,7 @@ if TYPE_CHECKING:
 EXIT_DRIFT = 5
 
 
-def _chosen_specs(conn: psycopg.Connection[Any], names: Sequence[str]) -> list[CounterSpec]:
+def _chosen_specs(conn: Conn, names: Sequence[str]) -> list[CounterSpec]:
     """The declared counters named (default: all), in the order given, each once."""
     from pgcounters import triggers
     from pgcounters.errors import UnknownCounter

@@ -23,6 +23,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from pgcounters import schema
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import (
     CounterError,
@@ -156,10 +157,10 @@ class Counters:
 
     def __init__(
         self,
-        conn: psycopg.Connection[Any],
+        conn: Conn,
         *,
         check_schema: bool = True,
-        read_conn: psycopg.Connection[Any] | None = None,
+        read_conn: Conn | None = None,
     ) -> None:
         self.conn = conn
         self.read_conn = conn if read_conn is None else read_conn
@@ -691,7 +692,7 @@ def retry_reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def record_retry(conn: psycopg.Connection[Any], operation: str, reason: str) -> None:
+def record_retry(conn: Conn, operation: str, reason: str) -> None:
     """Count a retried batch in ``pgcounters.retries`` (for status); never fails the caller."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE or conn.closed:
         return
@@ -702,7 +703,7 @@ def record_retry(conn: psycopg.Connection[Any], operation: str, reason: str) -> 
         logger.debug("could not record the retry: %s", exc)
 
 
-def on_standby(conn: psycopg.Connection[Any]) -> bool:
+def on_standby(conn: Conn) -> bool:
     """True when ``conn`` is connected to a hot standby.
 
     PostgreSQL 14+ reports ``in_hot_standby`` to the client at connection and

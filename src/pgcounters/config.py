@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from pgcounters.connection import Conn
 from pgcounters.errors import ConnectionFailed
 
 DSN_VARIABLES = ("PGCOUNTERS_DSN", "DATABASE_URL")
@@ -39,7 +40,7 @@ def redact(dsn: str) -> str:
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
 
 
-def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> Conn:
     """Open a connection; a failure becomes :class:`ConnectionFailed` naming the (redacted) DSN."""
     try:
         return psycopg.connect(dsn, autocommit=autocommit, **kwargs)

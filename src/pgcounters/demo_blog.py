@@ -29,11 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-
 from pgcounters import sqlfiles, triggers
 from pgcounters.client import Counters
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
 from pgcounters.schema import install
@@ -248,9 +247,7 @@ class _Load:
         with self.lock:
             self.result.errors.append(f"{where}: {type(exc).__name__}: {exc}".strip())
 
-    def thread(
-        self, name: str, body: Callable[[psycopg.Connection[Any]], None]
-    ) -> threading.Thread:
+    def thread(self, name: str, body: Callable[[Conn], None]) -> threading.Thread:
         def run() -> None:
             try:
                 with connect(self.dsn, application_name=f"pgcounters demo {name}") as conn:
@@ -267,10 +264,10 @@ class _Load:
 
     # -- comments ---------------------------------------------------------------
 
-    def comment_writer(self, writer: int) -> Callable[[psycopg.Connection[Any]], None]:
+    def comment_writer(self, writer: int) -> Callable[[Conn], None]:
         s, q = self.sizes, self.ops
 
-        def body(conn: psycopg.Connection[Any]) -> None:
+        def body(conn: Conn) -> None:
             rng = self.rng(writer)
             counts: collections.Counter[str] = collections.Counter()
             bounds = [0, 0]
@@ -360,7 +357,7 @@ class _Load:
 
     # -- users -------------------------------------------------------------------
 
-    def user_writer(self, conn: psycopg.Connection[Any]) -> None:
+    def user_writer(self, conn: Conn) -> None:
         rng = self.rng(1000)
         counts: collections.Counter[str] = collections.Counter()
         q = self.ops
@@ -380,7 +377,7 @@ class _Load:
 
     # -- notifications -------------------------------------------------------------
 
-    def notification_writer(self, conn: psycopg.Connection[Any]) -> None:
+    def notification_writer(self, conn: Conn) -> None:
         rng = self.rng(2000)
         counts: collections.Counter[str] = collections.Counter()
         q, users = self.ops, self.sizes.users
@@ -417,8 +414,8 @@ class _Load:
         flips: list[int] = [0, 0]
         q = self.ops
 
-        def racer(side: int) -> Callable[[psycopg.Connection[Any]], None]:
-            def body(conn: psycopg.Connection[Any]) -> None:
+        def racer(side: int) -> Callable[[Conn], None]:
+            def body(conn: Conn) -> None:
                 rng = self.rng(3000)
                 try:
                     while not self.stop.is_set():
@@ -450,8 +447,8 @@ class _Load:
 
     # -- quota ----------------------------------------------------------------------
 
-    def quota_caller(self, index: int) -> Callable[[psycopg.Connection[Any]], None]:
-        def body(conn: psycopg.Connection[Any]) -> None:
+    def quota_caller(self, index: int) -> Callable[[Conn], None]:
+        def body(conn: Conn) -> None:
             rng = self.rng(4000 + index)
             quotas = Quotas(conn)
             calls = 0

@@ -10,16 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.specs import Table
 
 
-def estimate_table(conn: psycopg.Connection[Any], table: Table | str) -> int:
+def estimate_table(conn: Conn, table: Table | str) -> int:
     """Estimated rows of a table: ``reltuples / relpages`` times its current pages.
 
     Before the first ANALYZE / VACUUM (``reltuples = -1``) the estimate is 0.
@@ -41,9 +41,7 @@ def estimate_table(conn: psycopg.Connection[Any], table: Table | str) -> int:
     return max(0, round(float(row[0])))
 
 
-def estimate_query(
-    conn: psycopg.Connection[Any], query: str | sql.Composable, params: Any = None
-) -> int:
+def estimate_query(conn: Conn, query: str | sql.Composable, params: Any = None) -> int:
     """The planner's estimate of the rows a query returns (``EXPLAIN``, nothing is run)."""
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         stmt = sql.SQL("EXPLAIN (FORMAT JSON) {}").format(

@@ -21,6 +21,7 @@ from psycopg.rows import tuple_row
 
 from pgcounters.client import Counter, Counters, _row_to_counter, array_literal
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import (
     ConfigurationError,
@@ -32,7 +33,7 @@ from pgcounters.keys import decode_key
 from pgcounters.sqlfiles import query
 
 BUFFER_NAME_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
-_INHERITED: list[psycopg.Connection[Any]] = []  # connections of a parent process, never closed
+_INHERITED: list[Conn] = []  # connections of a parent process, never closed
 
 
 def new_flush_id() -> str:
@@ -56,11 +57,11 @@ class DbLink:
     Callers hold :attr:`lock` around every use of :meth:`counters`.
     """
 
-    def __init__(self, database: str | psycopg.Connection[Any]) -> None:
+    def __init__(self, database: str | Conn) -> None:
         self.lock = threading.RLock()
         if isinstance(database, str):
             self._dsn: str | None = database
-            self._conn: psycopg.Connection[Any] | None = None
+            self._conn: Conn | None = None
         elif isinstance(database, psycopg.Connection):
             self._dsn = None
             self._conn = database

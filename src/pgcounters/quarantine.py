@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from psycopg.rows import tuple_row
 
 from pgcounters import schema
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import ConfigurationError
 from pgcounters.sqlfiles import named
@@ -46,7 +46,7 @@ class QuarantinedDelta:
 
 
 def list_quarantined(
-    conn: psycopg.Connection[Any], counter: str | None = None, limit: int = 1000
+    conn: Conn, counter: str | None = None, limit: int = 1000
 ) -> list[QuarantinedDelta]:
     """Deltas set aside (of one counter, or all), oldest first, at most ``limit``."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -69,7 +69,7 @@ def _selection(ids: Sequence[int] | None, counter: str | None, everything: bool)
 
 
 def replay(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     ids: Sequence[int] | None = None,
     counter: str | None = None,
     *,
@@ -86,7 +86,7 @@ def replay(
 
 
 def discard(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     ids: Sequence[int] | None = None,
     counter: str | None = None,
     *,
@@ -96,7 +96,7 @@ def discard(
     return _apply(conn, "quarantine_discard", _selection(ids, counter, everything))
 
 
-def _apply(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> int:
+def _apply(conn: Conn, name: str, params: dict[str, Any]) -> int:
     """Run the named statement on the chosen deltas; how many it moved or deleted."""
     schema.check(conn)
     with translated(), conn.cursor(row_factory=tuple_row) as cur:

@@ -25,6 +25,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgcounters import schema
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import (
     InvalidCost,
@@ -307,7 +308,7 @@ class Quotas:
 
     def __init__(
         self,
-        conn: psycopg.Connection[Any],
+        conn: Conn,
         *,
         check_schema: bool = True,
         synchronous_commit: bool = True,

@@ -47,6 +47,7 @@ from psycopg.rows import tuple_row
 
 from pgcounters.client import record_retry, retry_reason
 from pgcounters.compiler import ensure_target_call, part_text, truth_query, typed_key_part
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import BatchAborted, InvalidCounterDefinition
 from pgcounters.keys import decode_key
@@ -78,7 +79,7 @@ RETRYABLE: tuple[type[psycopg.Error], ...] = (
 
 
 def retrying(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     operation: str,
     what: str,
     work: Callable[[], T],
@@ -144,9 +145,7 @@ class RecountResult:
     """Keys whose rows another transaction held during their batch: recounted at the end."""
 
 
-def _resolve(
-    conn: psycopg.Connection[Any], counter: CounterSpec | str, operation: str
-) -> CounterSpec:
+def _resolve(conn: Conn, counter: CounterSpec | str, operation: str) -> CounterSpec:
     spec = counter if isinstance(counter, CounterSpec) else recorded_spec(conn, counter)
     # a CounterBroken naming it, not a raw UndefinedColumn (planning the probe takes the
     # table's lightest lock: retried like a batch when a lock_timeout cuts it short)
@@ -154,7 +153,7 @@ def _resolve(
     return spec
 
 
-def _target_id(conn: psycopg.Connection[Any], spec: CounterSpec) -> int:
+def _target_id(conn: Conn, spec: CounterSpec) -> int:
     row = conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec))).fetchone()
     assert row is not None
     return int(row[0])
@@ -202,9 +201,7 @@ def _pending(target: int, keys: sql.Composable | None = None) -> sql.Composed:
 # -- verify --------------------------------------------------------------------
 
 
-def verify(
-    conn: psycopg.Connection[Any], counter: CounterSpec | str, *, sample: int | None = None
-) -> VerifyResult:
+def verify(conn: Conn, counter: CounterSpec | str, *, sample: int | None = None) -> VerifyResult:
     """Compare exact values (stored + pending) with the truth, from one snapshot.
 
     ``sample``: check only that many randomly chosen keys (of the parent table
@@ -311,7 +308,7 @@ def _verify_named(spec: CounterSpec, target: int, sample: int | None) -> sql.Com
 
 
 def recount(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     counter: CounterSpec | str,
     *,
     batch_size: int = 1000,
@@ -406,7 +403,7 @@ def recount(
 
 
 def _one_batch(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     spec: CounterSpec,
     target: int,
     batch: Sequence[Any],
@@ -442,9 +439,7 @@ def _one_batch(
     return fixed, held, floor
 
 
-def _start(
-    conn: psycopg.Connection[Any], name: str, resume: bool, result: RecountResult
-) -> list[str] | None:
+def _start(conn: Conn, name: str, resume: bool, result: RecountResult) -> list[str] | None:
     """The cursor to resume from (None: from the start); records the recount."""
     with conn.transaction():
         row = conn.execute(
@@ -479,7 +474,7 @@ def _range_filter(
 
 
 def _column_key_count(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     spec: CounterSpec,
     cursor: list[str] | None,
     key_range: KeyRange | None,
@@ -499,7 +494,7 @@ def _column_key_count(
 
 
 def _column_batches(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     spec: CounterSpec,
     cursor: list[str] | None,
     batch_size: int,
@@ -528,7 +523,7 @@ def _column_batches(
 
 
 def _recount_column(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     spec: CounterSpec,
     target: int,
     keys: Sequence[Any],
@@ -606,7 +601,7 @@ APPLYING_OFF = "SELECT set_config('pgcounters.applying', '', true)"
 
 
 def _recount_busy_key(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     spec: CounterSpec,
     target: int,
     key: Any,
@@ -636,7 +631,7 @@ def _recount_busy_key(
 
 
 def _named_keys(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     spec: CounterSpec,
     target: int,
     cursor: list[str] | None,
@@ -682,9 +677,7 @@ def _in_range(spec: CounterSpec, part: str, key_range: KeyRange) -> bool:
     return bool(above and below)
 
 
-def _create_named_rows(
-    conn: psycopg.Connection[Any], target: int, keys: Sequence[Sequence[str]]
-) -> None:
+def _create_named_rows(conn: Conn, target: int, keys: Sequence[Sequence[str]]) -> None:
     """Every key gets a row in ``pgcounters.counters`` (in a transaction of its own: an
     insert may wait for another transaction inserting the same key, and must hold
     nothing else while it does)."""
@@ -702,7 +695,7 @@ def _create_named_rows(
 
 
 def _recount_named(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     spec: CounterSpec,
     target: int,
     keys: Sequence[Sequence[str]],

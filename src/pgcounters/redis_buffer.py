@@ -70,6 +70,7 @@ from redis.retry import Retry
 
 from pgcounters.client import Increment
 from pgcounters.config import redact
+from pgcounters.connection import Conn
 from pgcounters.errors import (
     BufferFlushFailed,
     ConfigurationError,
@@ -290,7 +291,7 @@ class RedisBuffer:
 
     def __init__(
         self,
-        database: str | psycopg.Connection[Any],
+        database: str | Conn,
         redis_client: str | AnyRedis | None = None,
         *,
         name: str = "default",

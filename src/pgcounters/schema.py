@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
 
 from pgcounters import sqlfiles
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import SchemaNotInstalled, SchemaVersionMismatch
 
@@ -23,7 +23,7 @@ class SchemaState:
         return self.installed == self.expected
 
 
-def installed_version(conn: psycopg.Connection[Any]) -> int | None:
+def installed_version(conn: Conn) -> int | None:
     """The installed schema version, None when the schema is not installed."""
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sqlfiles.query("schema_exists"))
@@ -35,11 +35,11 @@ def installed_version(conn: psycopg.Connection[Any]) -> int | None:
         return int(row[0]) if row else None
 
 
-def state(conn: psycopg.Connection[Any]) -> SchemaState:
+def state(conn: Conn) -> SchemaState:
     return SchemaState(installed_version(conn), sqlfiles.latest_version())
 
 
-def check(conn: psycopg.Connection[Any]) -> None:
+def check(conn: Conn) -> None:
     """Raise unless the installed schema is exactly the version this code expects."""
     current = state(conn)
     if current.installed is None:
@@ -56,7 +56,7 @@ def check(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def _apply(conn: psycopg.Connection[Any], *, only_if_fresh: bool) -> list[int]:
+def _apply(conn: Conn, *, only_if_fresh: bool) -> list[int]:
     """Apply missing migrations in one transaction under an advisory lock."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise psycopg.ProgrammingError("install/upgrade must run outside a transaction")
@@ -84,7 +84,7 @@ def _apply(conn: psycopg.Connection[Any], *, only_if_fresh: bool) -> list[int]:
     return applied
 
 
-def install(conn: psycopg.Connection[Any]) -> list[int]:
+def install(conn: Conn) -> list[int]:
     """Install the schema if it is absent (idempotent). Returns the versions applied.
 
     An existing older schema is left alone: that is what :func:`upgrade` is for,
@@ -93,6 +93,6 @@ def install(conn: psycopg.Connection[Any]) -> list[int]:
     return _apply(conn, only_if_fresh=True)
 
 
-def upgrade(conn: psycopg.Connection[Any]) -> list[int]:
+def upgrade(conn: Conn) -> list[int]:
     """Apply every migration newer than the installed version. Returns the versions applied."""
     return _apply(conn, only_if_fresh=False)

@@ -10,12 +10,12 @@ database. See ``docs/security.md`` for the list of rights.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
-import psycopg
 from psycopg.rows import tuple_row
 
 from pgcounters import schema, sqlfiles
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import ConfigurationError
 
@@ -41,7 +41,7 @@ def _check_role(role: object) -> str:
     return role
 
 
-def _run(conn: psycopg.Connection[Any], kind: Kind, role: str) -> list[str]:
+def _run(conn: Conn, kind: Kind, role: str) -> list[str]:
     _check_role(role)
     schema.check(conn)
     with translated(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
@@ -50,23 +50,23 @@ def _run(conn: psycopg.Connection[Any], kind: Kind, role: str) -> list[str]:
     return list(row[0]) if row and row[0] else []
 
 
-def grant_app(conn: psycopg.Connection[Any], role: str) -> list[str]:
+def grant_app(conn: Conn, role: str) -> list[str]:
     """Grant ``role`` the rights of an application. Returns the GRANT statements run."""
     return _run(conn, "app", role)
 
 
-def grant_worker(conn: psycopg.Connection[Any], role: str) -> list[str]:
+def grant_worker(conn: Conn, role: str) -> list[str]:
     """Grant ``role`` the rights of a worker (drain, recount, purge, backfills, and the app's)."""
     return _run(conn, "worker", role)
 
 
-def grant_pause(conn: psycopg.Connection[Any], role: str) -> list[str]:
+def grant_pause(conn: Conn, role: str) -> list[str]:
     """Let ``role`` pause counting in its own sessions (``pgcounters.paused``, for bulk
     imports followed by a recount). The schema's owner and superusers may always; any other
     role that sets it gets an error at its first counted write."""
     return _run(conn, "pause", role)
 
 
-def revoke(conn: psycopg.Connection[Any], role: str) -> list[str]:
+def revoke(conn: Conn, role: str) -> list[str]:
     """Take back the rights on pgcounters' own objects granted to ``role``."""
     return _run(conn, "revoke", role)

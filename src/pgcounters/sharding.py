@@ -13,12 +13,12 @@ docs/scale-out.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pgcounters import sqlfiles
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import ConfigurationError
 
@@ -26,7 +26,7 @@ CLUSTER = "pgcounters_shards"
 SCHEMA = "pgcounters_proxy"
 
 
-def install_proxy(conn: psycopg.Connection[Any], shards: Sequence[str]) -> None:
+def install_proxy(conn: Conn, shards: Sequence[str]) -> None:
     """Install (or reinstall with new shards) the proxy functions on ``conn``'s database.
 
     ``shards``: the shards' connection strings, as the proxy server reaches them

@@ -29,6 +29,7 @@ from psycopg.rows import tuple_row
 
 from pgcounters import schema
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import PgCountersError, SchemaNotInstalled
 from pgcounters.sqlfiles import named
@@ -72,7 +73,7 @@ class Section(Protocol):
     def metrics(self) -> list[Metric]: ...
 
 
-SectionCollector = Callable[[psycopg.Connection[Any]], Section]
+SectionCollector = Callable[[Conn], Section]
 _SECTIONS: dict[str, SectionCollector] = {}
 
 
@@ -242,7 +243,7 @@ class Status:
 # -- collecting -----------------------------------------------------------------
 
 
-def get_status(conn: psycopg.Connection[Any]) -> Status:
+def get_status(conn: Conn) -> Status:
     """Collect a :class:`Status` through ``conn`` (read-only; a few statements).
 
     Needs the schema installed; works on an older or newer installed version
@@ -668,7 +669,7 @@ class TriggersSection:
         ]
 
 
-def collect_triggers(conn: psycopg.Connection[Any]) -> TriggersSection:
+def collect_triggers(conn: Conn) -> TriggersSection:
     """The ``triggers`` section: :func:`pgcounters.triggers.drift` of the recorded specs."""
     from pgcounters import triggers
 
@@ -801,7 +802,7 @@ RELIABILITY_SCHEMA_VERSION = 8
 """The schema version that added the quarantine and the retry counts."""
 
 
-def collect_reliability(conn: psycopg.Connection[Any]) -> ReliabilitySection:
+def collect_reliability(conn: Conn) -> ReliabilitySection:
     """The ``reliability`` section: quarantine, busy rows, retried batches."""
     installed = schema.state(conn).installed
     if installed is None or installed < RELIABILITY_SCHEMA_VERSION:
@@ -877,7 +878,7 @@ class BackfillsSection:
         ]
 
 
-def collect_backfills(conn: psycopg.Connection[Any]) -> BackfillsSection:
+def collect_backfills(conn: Conn) -> BackfillsSection:
     """The ``backfills`` section (empty on a schema older than backfills)."""
     installed = schema.state(conn).installed
     if installed is None or installed < BACKFILL_SCHEMA_VERSION:

@@ -30,6 +30,7 @@ from pgcounters.compiler import (
     rows_delta_sql,
     trigger_name,
 )
+from pgcounters.connection import Conn
 from pgcounters.dberrors import translate, translated
 from pgcounters.errors import (
     CounterBroken,
@@ -75,7 +76,7 @@ class Drift:
         return self.state == "installed"
 
 
-def validate(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
+def validate(conn: Conn, spec: CounterSpec) -> None:
     """Check against the database that the spec's SQL compiles (EXPLAIN of its probe: the
     condition, the key parts and the summed value, which must be an integer)."""
     try:
@@ -98,7 +99,7 @@ def validate(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
         ) from exc
 
 
-def record(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
+def record(conn: Conn, spec: CounterSpec) -> None:
     """Record the spec in ``pgcounters.specs`` (for verify, recount, drift and the guard
     that refuses a schema change breaking it)."""
     conn.execute(
@@ -113,7 +114,7 @@ def record(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
     )
 
 
-def follow(conn: psycopg.Connection[Any], name: str | None = None) -> list[str]:
+def follow(conn: Conn, name: str | None = None) -> list[str]:
     """Make recorded counters (one, or all) count every partition and inheritance child of
     their tables: a descendant gets the counter's triggers and its rows counted; a table that
     left the tree loses them and its rows' contribution. Returns what was done.
@@ -127,7 +128,7 @@ def follow(conn: psycopg.Connection[Any], name: str | None = None) -> list[str]:
     return list(row[0]) if row and row[0] else []
 
 
-def _stale(conn: psycopg.Connection[Any]) -> dict[str, str]:
+def _stale(conn: Conn) -> dict[str, str]:
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query("stale_counters"))
         rows = cur.fetchall()
@@ -137,7 +138,7 @@ def _stale(conn: psycopg.Connection[Any]) -> dict[str, str]:
     }
 
 
-def set_replica_writes(conn: psycopg.Connection[Any], name: str, mode: ReplicaWrites) -> None:
+def set_replica_writes(conn: Conn, name: str, mode: ReplicaWrites) -> None:
     """What a counter does with rows written by a session with ``session_replication_role =
     replica`` (logical replication's apply, some restore tools), which PostgreSQL's triggers
     do not see by default: ``"flag"`` (the default) marks the counter stale until a recount;
@@ -150,7 +151,7 @@ def set_replica_writes(conn: psycopg.Connection[Any], name: str, mode: ReplicaWr
         conn.execute(query("set_replica_writes"), {"name": name, "mode": mode})
 
 
-def _unfollowed(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
+def _unfollowed(conn: Conn) -> dict[str, list[str]]:
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query("follow_descendants"), {"name": None, "apply": False})
         row = cur.fetchone()
@@ -167,7 +168,7 @@ def _unfollowed(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
     return out
 
 
-def broken(conn: psycopg.Connection[Any], table: str) -> dict[str, str]:
+def broken(conn: Conn, table: str) -> dict[str, str]:
     """The counters installed on ``table`` (a qualified name) that a schema change broke,
     with the error their probe gives."""
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
@@ -187,7 +188,7 @@ _SCHEMA_CHANGED = (
 )
 
 
-def check_not_broken(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
+def check_not_broken(conn: Conn, spec: CounterSpec) -> None:
     """Raise :class:`CounterBroken` naming the counter when its source table no longer has
     what it reads (verify and recount call it before reading the truth)."""
     try:
@@ -204,9 +205,7 @@ def check_not_broken(conn: psycopg.Connection[Any], spec: CounterSpec) -> None:
         ) from exc
 
 
-def install(
-    conn: psycopg.Connection[Any], specs: Iterable[CounterSpec], *, backfill: bool = True
-) -> list[str]:
+def install(conn: Conn, specs: Iterable[CounterSpec], *, backfill: bool = True) -> list[str]:
     """Validate, declare and install counters, all or none (one transaction). Idempotent.
 
     Each spec gets its target declared (``pgcounters.targets``), its
@@ -275,7 +274,7 @@ def _on_source(spec: CounterSpec, t: InstalledTrigger) -> bool:
 
 
 def _drop_moved(
-    conn: psycopg.Connection[Any],
+    conn: Conn,
     specs: Sequence[CounterSpec],
     present: Sequence[InstalledTrigger],
 ) -> None:
@@ -291,7 +290,7 @@ def _drop_moved(
             )
 
 
-def uninstall(conn: psycopg.Connection[Any], name: str, *, drop_values: bool = False) -> bool:
+def uninstall(conn: Conn, name: str, *, drop_values: bool = False) -> bool:
     """Remove a counter's triggers (found in the catalog) and its recorded spec.
 
     With ``drop_values`` the counter itself goes too (stored values and pending
@@ -330,7 +329,7 @@ def uninstall(conn: psycopg.Connection[Any], name: str, *, drop_values: bool = F
     return bool(found) or recorded or dropped
 
 
-def installed(conn: psycopg.Connection[Any]) -> list[InstalledTrigger]:
+def installed(conn: Conn) -> list[InstalledTrigger]:
     """Every trigger compiled by pgcounters in this database."""
     out: list[InstalledTrigger] = []
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
@@ -354,14 +353,14 @@ def installed(conn: psycopg.Connection[Any]) -> list[InstalledTrigger]:
     return out
 
 
-def declared(conn: psycopg.Connection[Any]) -> list[CounterSpec]:
+def declared(conn: Conn) -> list[CounterSpec]:
     """The specs recorded in ``pgcounters.specs``."""
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query("declared_specs"))
         return [CounterSpec.from_json(_as_dict(row[0])) for row in cur.fetchall()]
 
 
-def spec(conn: psycopg.Connection[Any], name: str) -> CounterSpec:
+def spec(conn: Conn, name: str) -> CounterSpec:
     """The recorded spec of one counter."""
     for found in declared(conn):
         if found.name == name:
@@ -369,7 +368,7 @@ def spec(conn: psycopg.Connection[Any], name: str) -> CounterSpec:
     raise UnknownCounter(f"no counter spec named {name!r} is recorded in this database")
 
 
-def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = None) -> list[Drift]:
+def drift(conn: Conn, specs: Iterable[CounterSpec] | None = None) -> list[Drift]:
     """Compare declared specs (default: the recorded ones) with the installed triggers.
 
     A counter is ``installed`` when its four triggers exist, are enabled and
@@ -433,7 +432,7 @@ def drift(conn: psycopg.Connection[Any], specs: Iterable[CounterSpec] | None = N
 
 
 @contextmanager
-def paused(conn: psycopg.Connection[Any], *names: str) -> Iterator[None]:
+def paused(conn: Conn, *names: str) -> Iterator[None]:
     """Counting is paused on this connection for the named counters (default: all).
 
     For bulk imports: rows written meanwhile on this connection are not

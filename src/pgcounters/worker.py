@@ -39,6 +39,7 @@ from psycopg import errors as pg
 from pgcounters import backfill, schema
 from pgcounters.client import Counters, record_retry, retry_reason
 from pgcounters.config import connect, redact
+from pgcounters.connection import Conn
 from pgcounters.errors import (
     ConfigurationError,
     ConnectionFailed,
@@ -210,7 +211,7 @@ class Worker:
             redact(self.dsn), s.batch_size, s.min_interval, s.max_interval,
             ", woken by notifications" if s.listen else "",
         )  # fmt: skip
-        conn: psycopg.Connection[Any] | None = self._open()
+        conn: Conn | None = self._open()
         interval = s.min_interval
         try:
             while not self._stop.is_set():
@@ -256,7 +257,7 @@ class Worker:
 
     # -- connection ---------------------------------------------------------
 
-    def _open(self) -> psycopg.Connection[Any]:
+    def _open(self) -> Conn:
         """Connect, configure the session, check the schema, LISTEN if asked."""
         s = self.settings
         conn = connect(
@@ -283,7 +284,7 @@ class Worker:
             raise
         return conn
 
-    def _setup(self, conn: psycopg.Connection[Any]) -> None:
+    def _setup(self, conn: Conn) -> None:
         s = self.settings
         conn.execute(
             _ops("worker_session"),
@@ -303,7 +304,7 @@ class Worker:
                     "(`pgcounters wakeup on`): polling only"
                 )
 
-    def _reconnect(self) -> psycopg.Connection[Any] | None:
+    def _reconnect(self) -> Conn | None:
         """Reconnect with exponential backoff until it works or the worker is stopped."""
         s = self.settings
         delay = s.reconnect_min
@@ -322,9 +323,7 @@ class Worker:
             return conn
         return None
 
-    def _failed(
-        self, conn: psycopg.Connection[Any], exc: psycopg.Error
-    ) -> psycopg.Connection[Any] | None:
+    def _failed(self, conn: Conn, exc: psycopg.Error) -> Conn | None:
         """Handle a driver error of a round; return the connection to go on with, or None."""
         self._count_error()
         if isinstance(exc, _FATAL):
@@ -359,7 +358,7 @@ class Worker:
 
     # -- draining -----------------------------------------------------------
 
-    def _round(self, conn: psycopg.Connection[Any]) -> tuple[int, bool, bool]:
+    def _round(self, conn: Conn) -> tuple[int, bool, bool]:
         """One batch from each queue. Returns (deltas applied, whether a batch was full,
         whether deltas were left queued because their parent rows were busy)."""
         pc = Counters(conn, check_schema=False)
@@ -430,7 +429,7 @@ class Worker:
 
     # -- waiting ------------------------------------------------------------
 
-    def _wait(self, conn: psycopg.Connection[Any], seconds: float) -> None:
+    def _wait(self, conn: Conn, seconds: float) -> None:
         """Wait up to ``seconds``; return early when stopped or (listening) notified."""
         if not self._listening or conn.closed:
             self._stop.wait(seconds)

@@ -31,7 +31,6 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -40,10 +39,11 @@ from pgcounters import sqlfiles
 from pgcounters.batching import BatchingCounters
 from pgcounters.client import Counters, Mode
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 from pgcounters.schema import install
 
 Plan = list[list[list[int]]]  # writer -> transaction -> counter indexes
-Op = Callable[[psycopg.Connection[Any], Counters, Sequence[int]], None]
+Op = Callable[[Conn, Counters, Sequence[int]], None]
 
 
 @dataclass
@@ -111,7 +111,7 @@ def prepare(dsn: str, counters: int) -> None:
             pc.create_counter(f"bench.{mode}", key=int, mode=mode)
 
 
-def _update(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+def _update(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
     for i in items:
         conn.execute(
             "UPDATE seed_counters SET current_value = current_value + 1 WHERE counter_name = %s",
@@ -124,14 +124,14 @@ def _raw_insert(table: str) -> Op:
         sql.Identifier(table)
     )
 
-    def op(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    def op(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
         for i in items:
             conn.execute(stmt, (str(i),))
 
     return op
 
 
-def _raw_batched(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+def _raw_batched(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
     values = sql.SQL(", ").join([sql.SQL("(%s, 1)")] * len(items))
     conn.execute(
         sql.SQL("INSERT INTO seed_queue (counter_name, value_change) VALUES {}").format(values),
@@ -158,7 +158,7 @@ _SQL_UPSERT = (
 def _sql_insert(mode: Mode) -> Op:
     name, stmt = f"bench.{mode}", _SQL_INSERT[mode]
 
-    def op(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    def op(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
         target = pc.counter(name).id
         for i in items:
             conn.execute(stmt, (target, f"{{{i}}}"))
@@ -166,7 +166,7 @@ def _sql_insert(mode: Mode) -> Op:
     return op
 
 
-def _sql_batched(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+def _sql_batched(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
     target = pc.counter("bench.queued").id
     values = sql.SQL(", ").join([sql.SQL("(%s, %s::text[], 1)")] * len(items))
     params: list[object] = []
@@ -178,7 +178,7 @@ def _sql_batched(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[in
     )
 
 
-def _sql_direct(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+def _sql_direct(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
     target = pc.counter("bench.direct").id
     for i in items:
         if conn.execute(_SQL_UPDATE, (target, f"{{{i}}}")).rowcount == 0:
@@ -188,26 +188,26 @@ def _sql_direct(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int
 def _pgc(mode: Mode) -> Op:
     name = f"bench.{mode}"
 
-    def op(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    def op(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
         for i in items:
             pc.incr(name, i)
 
     return op
 
 
-def _pgc_batched(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+def _pgc_batched(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
     pc.incr_many([("bench.queued", i, 1) for i in items])
 
 
 def _batching_op(batcher: BatchingCounters) -> Op:
-    def op(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+    def op(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
         for i in items:
             batcher.incr("bench.queued", i)
 
     return op
 
 
-def _pgc_batching(conn: psycopg.Connection[Any], pc: Counters, items: Sequence[int]) -> None:
+def _pgc_batching(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
     raise AssertionError("run_variant gives this variant its own operation")  # pragma: no cover
 
 
@@ -231,7 +231,7 @@ BATCHING = "pgcounters-batching"
 BATCHED = {"raw-batched", "sql-batched", "pgcounters-batched"}
 
 
-def _reset(conn: psycopg.Connection[Any], pc: Counters) -> None:
+def _reset(conn: Conn, pc: Counters) -> None:
     conn.execute("UPDATE seed_counters SET current_value = 0")
     conn.execute("TRUNCATE seed_queue, seed_queue_unlogged")
     for mode in ("queued", "unlogged", "direct"):
@@ -245,9 +245,7 @@ def _reset(conn: psycopg.Connection[Any], pc: Counters) -> None:
     )
 
 
-def _totals(
-    conn: psycopg.Connection[Any], pc: Counters, source: str, counters: int
-) -> dict[int, int]:
+def _totals(conn: Conn, pc: Counters, source: str, counters: int) -> dict[int, int]:
     if source == "seed_counters":
         rows = conn.execute("SELECT counter_name, current_value FROM seed_counters").fetchall()
         return {int(k): int(v) for k, v in rows if v}

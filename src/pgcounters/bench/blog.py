@@ -39,15 +39,14 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
-import psycopg
 from psycopg import sql
 
 from pgcounters import sqlfiles, triggers
 from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 from pgcounters.schema import install
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 
@@ -122,16 +121,14 @@ def specs(named: bool = False) -> list[CounterSpec]:
     return out
 
 
-def cleanup(conn: psycopg.Connection[Any]) -> None:
+def cleanup(conn: Conn) -> None:
     """Remove the benchmark's counters and the seed's blog schema."""
     for name in (ARTICLE_COUNTER, USER_COUNTER, NAMED_COUNTER):
         triggers.uninstall(conn, name, drop_values=True)
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 
 
-def prepare(
-    conn: psycopg.Connection[Any], users: int, articles: int, *, named: bool = False
-) -> None:
+def prepare(conn: Conn, users: int, articles: int, *, named: bool = False) -> None:
     """The seed's blog with ``users`` and ``articles``, pgcounters' triggers installed."""
     install(conn)
     cleanup(conn)
@@ -145,7 +142,7 @@ def prepare(
     conn.execute("SELECT set_config('pgcounters.applying', 'on', false)")
 
 
-def mismatches(conn: psycopg.Connection[Any], comments: str) -> int:
+def mismatches(conn: Conn, comments: str) -> int:
     """Articles and users whose counter column differs from their public comments."""
     total = 0
     for name in ("article_mismatches", "user_mismatches"):
@@ -155,13 +152,13 @@ def mismatches(conn: psycopg.Connection[Any], comments: str) -> int:
     return total
 
 
-def drain_seed(conn: psycopg.Connection[Any], limit: int = 10_000) -> None:
+def drain_seed(conn: Conn, limit: int = 10_000) -> None:
     """Run the seed's queue function until its queue is empty."""
     while conn.execute(q("seed_pending_tasks")).fetchone() != (0,):
         conn.execute(q("seed_process_tasks"), {"limit": limit})
 
 
-def _vacuum(conn: psycopg.Connection[Any], *tables: str) -> None:
+def _vacuum(conn: Conn, *tables: str) -> None:
     for table in tables:
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(SCHEMA, table)))
     conn.execute("VACUUM ANALYZE pgcounters.queue")
@@ -170,7 +167,7 @@ def _vacuum(conn: psycopg.Connection[Any], *tables: str) -> None:
 # -- trigger-overhead ---------------------------------------------------------------
 
 
-def _reset_trigger_run(conn: psycopg.Connection[Any]) -> None:
+def _reset_trigger_run(conn: Conn) -> None:
     # TRUNCATE of the pgcounters table resets its counters (its truncate trigger)
     conn.execute(
         sql.SQL("TRUNCATE {}").format(
@@ -185,9 +182,7 @@ def _reset_trigger_run(conn: psycopg.Connection[Any]) -> None:
     conn.execute("CHECKPOINT")
 
 
-def trigger_run(
-    conn: psycopg.Connection[Any], variant: str, rows: int, users: int, articles: int
-) -> Measurement:
+def trigger_run(conn: Conn, variant: str, rows: int, users: int, articles: int) -> Measurement:
     """One bulk insert of ``rows`` comments into the variant's table, then the check."""
     table = TRIGGER_TABLES[variant.removesuffix(FK)]
     _reset_trigger_run(conn)
@@ -246,7 +241,7 @@ def trigger_overhead(dsn: str, repeat: int, quick: bool, *, rows: int | None = N
 # -- top-n ------------------------------------------------------------------------
 
 
-def _top(conn: psycopg.Connection[Any], name: str, n: int = 10) -> list[tuple[int, int]]:
+def _top(conn: Conn, name: str, n: int = 10) -> list[tuple[int, int]]:
     rows = conn.execute(q(name), {"n": n}).fetchall()
     return [(int(r[0]), int(r[-1])) for r in rows]
 
@@ -300,7 +295,7 @@ def top_n(
 # -- exact-read -------------------------------------------------------------------
 
 
-def _count_public(conn: psycopg.Connection[Any], article: int) -> int:
+def _count_public(conn: Conn, article: int) -> int:
     row = conn.execute(q("count_public"), {"id": article}).fetchone()
     return int(row[0]) if row else 0
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -27,6 +26,7 @@ from pgcounters import backfill, triggers
 from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 from pgcounters.recount import recount
 from pgcounters.schema import install
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, Table
@@ -55,12 +55,12 @@ def spec() -> CounterSpec:
     )
 
 
-def cleanup(conn: psycopg.Connection[Any]) -> None:
+def cleanup(conn: Conn) -> None:
     triggers.uninstall(conn, NAME, drop_values=True)
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 
 
-def prepare(conn: psycopg.Connection[Any], articles: int, comments: int) -> None:
+def prepare(conn: Conn, articles: int, comments: int) -> None:
     """Articles and comments written before the counter exists (two in three public)."""
     install(conn)
     cleanup(conn)
@@ -98,7 +98,7 @@ def prepare(conn: psycopg.Connection[Any], articles: int, comments: int) -> None
     conn.execute(sql.SQL("VACUUM ANALYZE {}.comment").format(s))
 
 
-def _mismatches(conn: psycopg.Connection[Any]) -> int:
+def _mismatches(conn: Conn) -> int:
     row = conn.execute(
         sql.SQL(
             "SELECT count(*) FROM {s}.article a LEFT JOIN (SELECT article_id, count(*) AS n"
@@ -109,7 +109,7 @@ def _mismatches(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else -1
 
 
-def _zero(conn: psycopg.Connection[Any]) -> None:
+def _zero(conn: Conn) -> None:
     """Every stored value back to 0, as for a counter just added over existing rows."""
     with conn.transaction():
         conn.execute("SELECT set_config('pgcounters.applying', 'on', true)")
@@ -124,7 +124,7 @@ def _zero(conn: psycopg.Connection[Any]) -> None:
 # -- column-guard ---------------------------------------------------------------
 
 
-def _guards(conn: psycopg.Connection[Any], on: bool) -> None:
+def _guards(conn: Conn, on: bool) -> None:
     """Install the counter (its guards included), or drop the two guard triggers.
 
     Dropped, not disabled: a disabled row trigger still makes every UPDATE of the
@@ -142,9 +142,7 @@ def _guards(conn: psycopg.Connection[Any], on: bool) -> None:
             )
 
 
-def guard_run(
-    conn: psycopg.Connection[Any], variant: str, articles: int, round_: int
-) -> Measurement:
+def guard_run(conn: Conn, variant: str, articles: int, round_: int) -> Measurement:
     """Single-row UPDATEs of every article in one transaction, then the check."""
     _guards(conn, variant.startswith("guard"))
     conn.execute(sql.SQL("VACUUM {}.article").format(sql.Identifier(SCHEMA)))
@@ -165,7 +163,7 @@ def guard_run(
     return Measurement(seconds, articles, exact)
 
 
-def drain_run(conn: psycopg.Connection[Any], variant: str, articles: int) -> Measurement:
+def drain_run(conn: Conn, variant: str, articles: int) -> Measurement:
     """Queue five public comments per article, then drain them (one delta per comment)."""
     _guards(conn, variant.endswith(", guard"))
     s = sql.Identifier(SCHEMA)
@@ -243,9 +241,7 @@ class _Writer(threading.Thread):
             self.error = exc
 
 
-def backfill_run(
-    conn: psycopg.Connection[Any], dsn: str, variant: str, articles: int, batch: int
-) -> Measurement:
+def backfill_run(conn: Conn, dsn: str, variant: str, articles: int, batch: int) -> Measurement:
     _zero(conn)
     with conn.transaction():
         backfill.request(conn, spec())

@@ -35,14 +35,12 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Iterator
-from typing import Any
-
-import psycopg
 
 from pgcounters import sqlfiles
 from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 from pgcounters.schema import install
 from pgcounters.worker import APPLICATION_NAME
 
@@ -56,7 +54,7 @@ def _label(n: int) -> str:
     return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}k"
 
 
-def _prepare(conn: psycopg.Connection[Any]) -> None:
+def _prepare(conn: Conn) -> None:
     install(conn)
     conn.execute(sqlfiles.read("seed_workload.sql").encode())
     conn.execute(sqlfiles.read("seed_drain.sql").encode())
@@ -67,7 +65,7 @@ def _prepare(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def _fill(conn: psycopg.Connection[Any], variant: str, n: int) -> int:
+def _fill(conn: Conn, variant: str, n: int) -> int:
     """Empty the tables of ``variant``, queue ``n`` deltas of 1 over KEYS counters."""
     if variant == "seed-between":
         conn.execute("UPDATE seed_counters SET current_value = 0")
@@ -94,7 +92,7 @@ def _fill(conn: psycopg.Connection[Any], variant: str, n: int) -> int:
     return target
 
 
-def _drain(conn: psycopg.Connection[Any], variant: str) -> int:
+def _drain(conn: Conn, variant: str) -> int:
     """Drain to the end; returns the batches run."""
     batches = 0
     if variant == "seed-between":
@@ -116,7 +114,7 @@ def _drain(conn: psycopg.Connection[Any], variant: str) -> int:
     return Counters(conn).drain(BATCH).batches
 
 
-def _totals(conn: psycopg.Connection[Any], variant: str) -> dict[int, int]:
+def _totals(conn: Conn, variant: str) -> dict[int, int]:
     if variant == "seed-between":
         rows = conn.execute("SELECT counter_name, current_value FROM seed_counters").fetchall()
         return {int(k): int(v) for k, v in rows}
@@ -258,7 +256,7 @@ def _spawn_worker(dsn: str, *args: str) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def _reset_lag(conn: psycopg.Connection[Any], wakeups: bool) -> None:
+def _reset_lag(conn: Conn, wakeups: bool) -> None:
     pc = Counters(conn)
     pc.drop_counter("bench.lag")
     pc.create_counter("bench.lag", key=int)
@@ -378,7 +376,7 @@ HELD = 10  # rows one application transaction holds for the whole drain
 BUSY_VARIANTS = ("rows free", "open transaction", "rows held")
 
 
-def _busy_setup(conn: psycopg.Connection[Any], n: int) -> int:
+def _busy_setup(conn: Conn, n: int) -> int:
     conn.execute("DROP TABLE IF EXISTS bench_busy_article")
     Counters(conn).drop_counter("bench.busy")
     conn.execute(
@@ -417,7 +415,7 @@ def _rolling_updates(
         errors.append(exc)
 
 
-def _pending_rows(conn: psycopg.Connection[Any], held_only: bool) -> int:
+def _pending_rows(conn: Conn, held_only: bool) -> int:
     row = conn.execute(
         "SELECT count(*) FROM pgcounters.queue WHERE NOT (%s AND key::text[] <@ %s::text[]"
         " AND cardinality(key::text[]) = 1)",
@@ -426,7 +424,7 @@ def _pending_rows(conn: psycopg.Connection[Any], held_only: bool) -> int:
     return int(row[0]) if row else 0
 
 
-def _deadlocks(conn: psycopg.Connection[Any]) -> int:
+def _deadlocks(conn: Conn) -> int:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
         "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"

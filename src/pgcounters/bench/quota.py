@@ -19,13 +19,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
-
-import psycopg
 
 from pgcounters import sqlfiles
 from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 from pgcounters.quotas import Quotas
 from pgcounters.schema import install
 
@@ -69,7 +67,7 @@ def _reset(dsn: str, limit: int) -> None:
         conn.execute("VACUUM ANALYZE seed002.t_log_count, pgcounters.quota_usage")
 
 
-def _caller(variant: str, conn: psycopg.Connection[Any]) -> Call:
+def _caller(variant: str, conn: Conn) -> Call:
     if variant == "seed":
 
         def seed_call() -> bool:

@@ -12,13 +12,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import psycopg
 
 from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
+from pgcounters.connection import Conn
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.schema import install
 
@@ -39,7 +37,7 @@ COMPARISONS: tuple[Comparison, ...] = (
 )
 
 
-def _set_sync_standby(admin: psycopg.Connection[Any], names: str | None) -> None:
+def _set_sync_standby(admin: Conn, names: str | None) -> None:
     if names is None:
         admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
     else:
@@ -96,9 +94,9 @@ def replica_read(dsn: str, repeat: int, quick: bool) -> Scenario:
 
 def _run(
     scenario: Scenario,
-    admin: psycopg.Connection[Any],
-    writer: psycopg.Connection[Any],
-    reader: psycopg.Connection[Any],
+    admin: Conn,
+    writer: Conn,
+    reader: Conn,
     ops: int,
     repeat: int,
 ) -> None:

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import Any
 
-import psycopg
 from django.db import models
 
 from pgcounters.client import Counters
+from pgcounters.connection import Conn
 from pgcounters.contrib.django.db import raw_connection
 from pgcounters.keys import Key
 
-_clients: weakref.WeakKeyDictionary[psycopg.Connection[Any], Counters] = weakref.WeakKeyDictionary()
+_clients: weakref.WeakKeyDictionary[Conn, Counters] = weakref.WeakKeyDictionary()
 
 
 def client(using: str = "default") -> Counters:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 from django.db import connections
 from psycopg.conninfo import make_conninfo
 
+from pgcounters.connection import Conn
 from pgcounters.errors import ConfigurationError
 
 
@@ -25,7 +25,7 @@ def dsn(using: str = "default") -> str:
 _LIBPQ = {"dbname", "user", "password", "host", "port", "sslmode", "options", "application_name"}
 
 
-def raw_connection(using: str = "default") -> psycopg.Connection[Any]:
+def raw_connection(using: str = "default") -> Conn:
     """Django's own connection ``using`` when it is a psycopg 3 one, else an error."""
     wrapper = connections[using]
     wrapper.ensure_connection()
@@ -39,6 +39,6 @@ def raw_connection(using: str = "default") -> psycopg.Connection[Any]:
 
 
 @contextmanager
-def psycopg_connection(using: str = "default") -> Iterator[psycopg.Connection[Any]]:
+def psycopg_connection(using: str = "default") -> Iterator[Conn]:
     """Django's own connection when it is a psycopg 3 one (same transaction), else an error."""
     yield raw_connection(using)
