@@ -14,6 +14,7 @@ from pgcounters import (
     CounterOverflow,
     Counters,
     DrainError,
+    InvalidArgument,
     InvalidCounterDefinition,
     InvalidCounterName,
     InvalidDelta,
@@ -182,7 +183,7 @@ def test_drain_inside_a_transaction_is_refused(dsn: str) -> None:
         with pytest.raises(DrainError, match="outside a transaction"):
             pc.drain()
         conn.rollback()
-        with pytest.raises(DrainError, match="positive"):
+        with pytest.raises(InvalidArgument, match="positive"):
             pc.drain(0)
 
 

@@ -1,5 +1,21 @@
-"""pgcounters: exact, fast, deadlock-free counters for PostgreSQL."""
+"""pgcounters: exact, fast, deadlock-free counters for PostgreSQL.
 
+Everything an application uses is imported from here (and, for Django, from
+``pgcounters.contrib.django``); the other modules of the package are internal.
+The parts beyond the core (the worker, the increment buffers, Redis, PL/Proxy,
+the embedded server) are imported on first use, so ``import pgcounters`` stays
+light and needs no optional dependency.
+
+``recount`` and ``verify`` are the functions; the module they are defined in
+is reached as ``from pgcounters.recount import ...`` only by the package itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from pgcounters import triggers
 from pgcounters.client import Counter, Counters, DrainResult, Mode
 from pgcounters.errors import (
     BatchAborted,
@@ -18,14 +34,23 @@ from pgcounters.errors import (
     DrainError,
     EmbeddedPostgresError,
     IncrementBufferError,
+    InvalidArgument,
+    InvalidCost,
     InvalidCounterDefinition,
     InvalidCounterName,
     InvalidDelta,
     InvalidKey,
+    InvalidQuotaArgument,
+    InvalidQuotaDefinition,
+    InvalidQuotaLimit,
+    InvalidSubject,
     InvalidText,
     LockTimeout,
+    OverlappingQuotaLimits,
     PermissionDenied,
     PgCountersError,
+    QuotaDefinitionConflict,
+    QuotaError,
     ReadOnlyServer,
     RedisUnavailable,
     ReplicaError,
@@ -36,83 +61,151 @@ from pgcounters.errors import (
     ShardingError,
     StatementTimeout,
     UnknownCounter,
+    UnknownQuota,
     WorkerError,
 )
+from pgcounters.estimates import estimate_query, estimate_table
+from pgcounters.quotas import CallResult, Quota, QuotaLimit, Quotas
+from pgcounters.recount import RecountResult, VerifyResult, recount, verify
 from pgcounters.schema import install, upgrade
+from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from pgcounters.batching import BatchingCounters
+    from pgcounters.config import connect, dsn_from_env
+    from pgcounters.embedded import EmbeddedPostgres
+    from pgcounters.redis_buffer import RedisBuffer
+    from pgcounters.sharding import install_proxy
+    from pgcounters.worker import Worker, WorkerSettings
 
-__all__ = [
-    "BatchAborted",
-    "BufferClosed",
-    "BufferFlushFailed",
-    "BufferFull",
+    __version__: str
+
+# grouped by family, as the documentation presents them
+__all__ = [  # noqa: RUF022
+    "__version__",
+    # -- the schema: install it, upgrade it
+    "install",
+    "upgrade",
+    # -- connecting: a DSN from the environment, an embedded server for development
+    "EmbeddedPostgres",
+    "connect",
+    "dsn_from_env",
+    # -- counters read and written by the application
+    "Counter",
+    "Counters",
+    "DrainResult",
+    "Mode",
+    # -- counters declared over tables, kept by triggers (install, drift, pause, uninstall
+    #    are functions of the `triggers` namespace), checked and repaired by recount
+    "ColumnTarget",
+    "CounterSpec",
+    "Fragment",
+    "NamedTarget",
+    "RecountResult",
+    "Table",
+    "VerifyResult",
+    "recount",
+    "triggers",
+    "verify",
+    # -- estimated counts, from the planner's statistics
+    "estimate_query",
+    "estimate_table",
+    # -- increment buffers, in the process or in Redis
+    "BatchingCounters",
+    "RedisBuffer",
+    # -- the worker that drains the queues
+    "Worker",
+    "WorkerSettings",
+    # -- quotas and rate limits
+    "CallResult",
+    "Quota",
+    "QuotaLimit",
+    "Quotas",
+    # -- sharding through PL/Proxy
+    "install_proxy",
+    # -- errors: the root, and the two bases every counter / quota refusal has
+    "PgCountersError",
+    "CounterError",
+    "QuotaError",
+    # -- errors of setup: configuration, connection, schema, privileges
     "ConfigurationError",
     "ConnectionFailed",
-    "Counter",
-    "CounterBackfilling",
-    "CounterBroken",
-    "CounterColumnWrite",
-    "CounterDefinitionConflict",
-    "CounterDeliveredElsewhere",
-    "CounterError",
-    "CounterOverflow",
-    "Counters",
-    "DrainError",
-    "DrainResult",
     "EmbeddedPostgresError",
-    "IncrementBufferError",
-    "InvalidCounterDefinition",
+    "PermissionDenied",
+    "SchemaError",
+    "SchemaNotInstalled",
+    "SchemaVersionMismatch",
+    # -- errors of arguments (each also a ValueError)
+    "InvalidArgument",
     "InvalidCounterName",
     "InvalidDelta",
     "InvalidKey",
     "InvalidText",
+    # -- errors of counter definitions
+    "CounterDefinitionConflict",
+    "CounterDeliveredElsewhere",
+    "InvalidCounterDefinition",
+    "UnknownCounter",
+    # -- errors of a counter's state
+    "CounterBackfilling",
+    "CounterBroken",
+    "CounterColumnWrite",
+    "CounterOverflow",
+    # -- errors of concurrency: cancelled or aborted, nothing written, retry
+    "BatchAborted",
+    "DrainError",
     "LockTimeout",
-    "Mode",
-    "PermissionDenied",
-    "PgCountersError",
+    "StatementTimeout",
+    "WorkerError",
+    # -- errors of hot standbys
     "ReadOnlyServer",
-    "RedisUnavailable",
     "ReplicaError",
     "ReplicaNotCaughtUp",
-    "SchemaError",
-    "SchemaNotInstalled",
-    "SchemaVersionMismatch",
-    "ShardingError",
-    "StatementTimeout",
-    "UnknownCounter",
-    "WorkerError",
-    "__version__",
-    "install",
-    "upgrade",
-]
-
-# quotas and rate limits
-from pgcounters.errors import (
-    InvalidCost,
-    InvalidQuotaArgument,
-    InvalidQuotaDefinition,
-    InvalidQuotaLimit,
-    InvalidSubject,
-    OverlappingQuotaLimits,
-    QuotaDefinitionConflict,
-    QuotaError,
-    UnknownQuota,
-)
-from pgcounters.quotas import CallResult, Quota, QuotaLimit, Quotas
-
-__all__ += [
-    "CallResult",
+    # -- errors of increment buffers
+    "BufferClosed",
+    "BufferFlushFailed",
+    "BufferFull",
+    "IncrementBufferError",
+    "RedisUnavailable",
+    # -- errors of quotas
     "InvalidCost",
     "InvalidQuotaArgument",
     "InvalidQuotaDefinition",
     "InvalidQuotaLimit",
     "InvalidSubject",
     "OverlappingQuotaLimits",
-    "Quota",
     "QuotaDefinitionConflict",
-    "QuotaError",
-    "QuotaLimit",
-    "Quotas",
     "UnknownQuota",
+    # -- errors of sharding
+    "ShardingError",
 ]
+
+# The names loaded on first use (they need an optional dependency, or start threads and
+# servers), and the module each comes from.
+_LAZY = {
+    "BatchingCounters": "pgcounters.batching",
+    "EmbeddedPostgres": "pgcounters.embedded",
+    "RedisBuffer": "pgcounters.redis_buffer",
+    "Worker": "pgcounters.worker",
+    "WorkerSettings": "pgcounters.worker",
+    "connect": "pgcounters.config",
+    "dsn_from_env": "pgcounters.config",
+    "install_proxy": "pgcounters.sharding",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        value: object = version("pgcounters")
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module 'pgcounters' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

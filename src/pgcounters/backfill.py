@@ -32,10 +32,17 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from pgcounters import recount as _recount
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import InvalidCounterDefinition
+from pgcounters.errors import InvalidArgument
+from pgcounters.recount import (
+    _create_named_rows,
+    _named_keys,
+    _range_filter,
+    _recount_column,
+    _recount_named,
+    _target_id,
+)
 from pgcounters.specs import ColumnTarget, CounterSpec
 from pgcounters.triggers import declared
 
@@ -89,7 +96,7 @@ def pending(conn: Conn) -> list[Backfill]:
 
 def _check_batch_size(batch_size: int) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not batch_size >= 1:
-        raise InvalidCounterDefinition(f"batch size must be a positive integer, got {batch_size!r}")
+        raise InvalidArgument(f"batch size must be a positive integer, got {batch_size!r}")
 
 
 def run(
@@ -176,20 +183,20 @@ def _batch(
                 if found is None:
                     cancel(conn, name)
                 return 0, False
-            spec, target = found, _recount._target_id(conn, found)
+            spec, target = found, _target_id(conn, found)
             cache[name] = (spec, target)
         held: list[Any] = []
         if isinstance(spec.target, ColumnTarget):
             keys: list[Any] = _column_keys(conn, spec, cursor, batch_size)
             if keys:
-                _, held = _recount._recount_column(conn, spec, target, keys)
+                _, held = _recount_column(conn, spec, target, keys)
             texts = [[str(k)] for k in keys]
             held_texts = [[str(k)] for k in held]
         else:
             keys = _named_batch(conn, spec, target, cursor, batch_size, named_keys)
             if keys:
-                _recount._create_named_rows(conn, target, keys)
-                _, held = _recount._recount_named(conn, spec, target, keys)
+                _create_named_rows(conn, target, keys)
+                _, held = _recount_named(conn, spec, target, keys)
             texts = [list(k) for k in keys]
             held_texts = [list(k) for k in held]
         if not keys:
@@ -223,9 +230,9 @@ def _named_batch(
     queue brings it in.
     """
     if listed is None:
-        return _recount._named_keys(conn, spec, target, cursor, None)[:batch_size]
+        return _named_keys(conn, spec, target, cursor, None)[:batch_size]
     if spec.name not in listed:
-        listed[spec.name] = _recount._named_keys(conn, spec, target, None, None)
+        listed[spec.name] = _named_keys(conn, spec, target, None, None)
     keys = listed[spec.name]
     start = 0 if cursor is None else bisect.bisect_right(keys, list(cursor))
     return keys[start : start + batch_size]
@@ -239,7 +246,7 @@ def _column_keys(conn: Conn, spec: CounterSpec, cursor: list[str] | None, limit:
         sql.SQL("SELECT {k} FROM {p} WHERE {w} ORDER BY {k} LIMIT {n}").format(
             k=k,
             p=t.table.identifier(),
-            w=_recount._range_filter(k, t.key_type, cursor[0] if cursor else None, None),
+            w=_range_filter(k, t.key_type, cursor[0] if cursor else None, None),
             n=sql.Literal(limit),
         )
     ).fetchall()

@@ -26,8 +26,8 @@ from pgcounters import schema
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import (
-    CounterError,
     DrainError,
+    InvalidArgument,
     InvalidCounterDefinition,
     ReplicaError,
     ReplicaNotCaughtUp,
@@ -347,7 +347,7 @@ class Counters:
             try:
                 name, key, delta = item
             except (TypeError, ValueError):
-                raise CounterError(
+                raise InvalidArgument(
                     f"incr_many takes (counter name, key, delta) tuples, got {item!r}"
                 ) from None
             counter = self.counter(name)
@@ -480,7 +480,7 @@ class Counters:
         """
         counter = self.counter(name)
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= BIGINT_MAX:
-            raise InvalidCounterDefinition(
+            raise InvalidArgument(
                 f"n must be a non-negative int within the bigint range, got {n!r}"
             )
         with translated(), self.read_conn.cursor(row_factory=tuple_row) as cur:
@@ -599,7 +599,7 @@ class Counters:
             or not isinstance(batch_size, int)
             or not 1 <= batch_size <= INT_MAX
         ):
-            raise DrainError(
+            raise InvalidArgument(
                 f"batch size must be a positive int of at most {INT_MAX}, got {batch_size!r}"
             )
         if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

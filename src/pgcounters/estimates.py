@@ -15,7 +15,7 @@ from psycopg.rows import tuple_row
 
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import InvalidCounterDefinition
+from pgcounters.errors import InvalidArgument
 from pgcounters.specs import Table
 
 
@@ -37,7 +37,7 @@ def estimate_table(conn: Conn, table: Table | str) -> int:
         )
         row = cur.fetchone()
     if row is None:
-        raise InvalidCounterDefinition(f"no table {t}")
+        raise InvalidArgument(f"no table {t}")
     return max(0, round(float(row[0])))
 
 

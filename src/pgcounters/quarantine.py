@@ -20,7 +20,7 @@ from psycopg.rows import tuple_row
 from pgcounters import schema
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import ConfigurationError
+from pgcounters.errors import InvalidArgument
 from pgcounters.sqlfiles import named
 
 
@@ -50,7 +50,7 @@ def list_quarantined(
 ) -> list[QuarantinedDelta]:
     """Deltas set aside (of one counter, or all), oldest first, at most ``limit``."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ConfigurationError(f"limit must be a positive integer, got {limit!r}")
+        raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
     schema.check(conn)
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(_ops("quarantine_list"), {"counter": counter, "limit": limit})
@@ -60,11 +60,11 @@ def list_quarantined(
 def _selection(ids: Sequence[int] | None, counter: str | None, everything: bool) -> dict[str, Any]:
     chosen = int(ids is not None) + int(counter is not None) + int(everything)
     if chosen != 1:
-        raise ConfigurationError("choose the deltas: by ids, by counter, or all of them")
+        raise InvalidArgument("choose the deltas: by ids, by counter, or all of them")
     if ids is not None and (
         not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)
     ):
-        raise ConfigurationError(f"ids must be a non-empty list of integers, got {ids!r}")
+        raise InvalidArgument(f"ids must be a non-empty list of integers, got {ids!r}")
     return {"ids": list(ids) if ids is not None else None, "counter": counter}
 
 

@@ -49,7 +49,7 @@ from pgcounters.client import record_retry, retry_reason
 from pgcounters.compiler import ensure_target_call, part_text, truth_query, typed_key_part
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import BatchAborted, InvalidCounterDefinition
+from pgcounters.errors import BatchAborted, InvalidArgument
 from pgcounters.keys import decode_key
 from pgcounters.specs import ColumnTarget, CounterSpec
 from pgcounters.sqlfiles import query
@@ -208,7 +208,7 @@ def verify(conn: Conn, counter: CounterSpec | str, *, sample: int | None = None)
     for a column counter, of all known keys for a named counter).
     """
     if sample is not None and sample < 1:
-        raise InvalidCounterDefinition(f"sample must be a positive number of keys, got {sample}")
+        raise InvalidArgument(f"sample must be a positive number of keys, got {sample}")
     with translated():
         spec = _resolve(conn, counter, "verify")
         target = _target_id(conn, spec)
@@ -335,7 +335,7 @@ def recount(
         or not isinstance(batch_size, int)
         or not 1 <= batch_size < 2**31
     ):
-        raise InvalidCounterDefinition(
+        raise InvalidArgument(
             f"batch size must be a positive integer below 2**31, got {batch_size!r}"
         )
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

@@ -35,6 +35,7 @@ from pgcounters.dberrors import translate, translated
 from pgcounters.errors import (
     CounterBroken,
     CounterDeliveredElsewhere,
+    InvalidArgument,
     InvalidCounterDefinition,
     UnknownCounter,
 )
@@ -459,7 +460,7 @@ def _check_unique(specs: Sequence[CounterSpec]) -> None:
     seen: set[str] = set()
     for s in specs:
         if not isinstance(s, CounterSpec):
-            raise InvalidCounterDefinition(f"expected a CounterSpec, got {s!r}")
+            raise InvalidArgument(f"expected a CounterSpec, got {s!r}")
         if s.name in seen:
             raise InvalidCounterDefinition(f"counter {s.name} is declared twice")
         seen.add(s.name)

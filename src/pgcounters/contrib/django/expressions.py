@@ -8,7 +8,7 @@ from django.db import models
 from django.db.models.expressions import Expression
 
 from pgcounters.contrib.django.declarations import CountField
-from pgcounters.errors import ReplicaError
+from pgcounters.errors import InvalidArgument, ReplicaError
 from pgcounters.specs import ColumnTarget, CounterSpec
 
 
@@ -33,7 +33,7 @@ class Exact(Expression):
         model = query.model
         field = model._meta.get_field(self.field_name)
         if not isinstance(field, CountField):
-            raise TypeError(f"{model.__name__}.{self.field_name} is not a pgcounters counter")
+            raise InvalidArgument(f"{model.__name__}.{self.field_name} is not a pgcounters counter")
         spec = field.spec()
         copy._counter = field
         copy._name = spec.name  # type: ignore[attr-defined]
