@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from pgcounters import triggers
+from pgcounters import security, triggers
 from pgcounters.client import Counter, Counters, DrainResult, Mode
 from pgcounters.errors import (
     BatchAborted,
@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from pgcounters.embedded import EmbeddedPostgres
     from pgcounters.redis_buffer import RedisBuffer
     from pgcounters.sharding import install_proxy
+    from pgcounters.status import get_status
     from pgcounters.worker import Worker, WorkerSettings
 
     __version__: str
@@ -121,6 +122,11 @@ __all__ = [  # noqa: RUF022
     "Quota",
     "QuotaLimit",
     "Quotas",
+    # -- what an operator watches: queues, lag, workers, tables (`pgcounters status`)
+    "get_status",
+    # -- database roles: the `security` namespace (grant_app, grant_worker, grant_pause,
+    #    revoke)
+    "security",
     # -- sharding through PL/Proxy
     "install_proxy",
     # -- errors: the root, and the two bases every counter / quota refusal has
@@ -190,6 +196,7 @@ _LAZY = {
     "WorkerSettings": "pgcounters.worker",
     "connect": "pgcounters.config",
     "dsn_from_env": "pgcounters.config",
+    "get_status": "pgcounters.status",
     "install_proxy": "pgcounters.sharding",
 }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from blog.models import Article, Comment, Notification, User
-from pgcounters.contrib.django.pagination import EstimatedCountPaginator
+from pgcounters.contrib.django import EstimatedCountPaginator
 
 
 @admin.register(User)

@@ -11,9 +11,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from blog.models import Article, Notification, User
-from pgcounters.contrib.django import Exact
-from pgcounters.contrib.django.events import count_event, event_value
-from pgcounters.contrib.django.ratelimit import ratelimit
+from pgcounters.contrib.django import Exact, count_event, event_value, ratelimit
 
 VIEWS = "blog.article.views"
 TOP = 10

@@ -9,7 +9,7 @@ creates the database ``blog`` there, and points the settings at it through
 ends; ``runserver``'s reloaded child process adopts it and leaves it running.
 
 ``runserver`` also drains the counter queues in a background thread (a
-:class:`pgcounters.worker.Worker`), so the counter columns follow the writes
+:class:`pgcounters.Worker`), so the counter columns follow the writes
 without a separate ``manage.py pgcounters worker``; set ``BLOG_WORKER=0`` to
 run your own worker instead.
 """
@@ -27,8 +27,7 @@ from pathlib import Path
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgcounters.config import DATA_DIR_VARIABLE, connect, dsn_from_env
-from pgcounters.worker import Worker, WorkerSettings
+from pgcounters import Worker, WorkerSettings, connect, dsn_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATABASE = "blog"
@@ -36,7 +35,7 @@ DATABASE = "blog"
 
 def data_dir() -> Path:
     """Where the embedded server keeps its data: ``PGCOUNTERS_DATA_DIR`` or beside manage.py."""
-    return Path(os.environ.get(DATA_DIR_VARIABLE) or BASE_DIR / "pgcounters-data").absolute()
+    return Path(os.environ.get("PGCOUNTERS_DATA_DIR") or BASE_DIR / "pgcounters-data").absolute()
 
 
 def _with_database(dsn: str, name: str) -> str:
@@ -62,7 +61,7 @@ def embedded_database(folder: Path | None = None) -> Iterator[str | None]:
     if dsn_from_env():
         yield None
         return
-    from pgcounters.embedded import EmbeddedPostgres
+    from pgcounters import EmbeddedPostgres
 
     folder = folder or data_dir()
     server = EmbeddedPostgres(folder)

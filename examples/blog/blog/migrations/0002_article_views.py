@@ -7,7 +7,7 @@ from typing import Any
 from django.db import migrations
 
 from pgcounters import Counters
-from pgcounters.contrib.django.db import psycopg_connection
+from pgcounters.contrib.django import psycopg_connection
 
 VIEWS = "blog.article.views"
 

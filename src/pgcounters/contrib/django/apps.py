@@ -51,9 +51,9 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
 
     when = getattr(settings, "PGCOUNTERS_BACKFILL", "migrate")
     if when not in ("migrate", "worker"):
-        from pgcounters.errors import ConfigurationError
+        from pgcounters.contrib.django.errors import SettingsError
 
-        raise ConfigurationError(f'PGCOUNTERS_BACKFILL must be "migrate" or "worker", got {when!r}')
+        raise SettingsError(f'PGCOUNTERS_BACKFILL must be "migrate" or "worker", got {when!r}')
     specs = [spec for _, spec in declared_counters()]
     with psycopg_connection(using) as conn:
         state = schema.state(conn)

@@ -10,7 +10,7 @@ from django.db import connections
 from psycopg.conninfo import make_conninfo
 
 from pgcounters.connection import Conn
-from pgcounters.errors import ConfigurationError
+from pgcounters.contrib.django.errors import SettingsError
 
 
 def dsn(using: str = "default") -> str:
@@ -31,7 +31,7 @@ def raw_connection(using: str = "default") -> Conn:
     wrapper.ensure_connection()
     raw = wrapper.connection
     if not isinstance(raw, psycopg.Connection):
-        raise ConfigurationError(
+        raise SettingsError(
             "pgcounters needs Django's PostgreSQL backend on psycopg 3 "
             "(pip install 'psycopg[binary]')"
         )

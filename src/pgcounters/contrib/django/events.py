@@ -41,7 +41,7 @@ from django.db import transaction
 from pgcounters.batching import BatchingCounters
 from pgcounters.client import Counters
 from pgcounters.contrib.django.db import dsn, psycopg_connection
-from pgcounters.errors import ConfigurationError
+from pgcounters.contrib.django.errors import SettingsError
 from pgcounters.keys import check_delta
 
 EventPath = Literal["direct", "batching", "redis"]
@@ -57,9 +57,7 @@ def event_path() -> EventPath:
     """The configured path, ``PGCOUNTERS_EVENTS``."""
     value = getattr(settings, "PGCOUNTERS_EVENTS", "direct")
     if value not in PATHS:
-        raise ConfigurationError(
-            f"PGCOUNTERS_EVENTS must be one of {', '.join(PATHS)}, got {value!r}"
-        )
+        raise SettingsError(f"PGCOUNTERS_EVENTS must be one of {', '.join(PATHS)}, got {value!r}")
     return cast(EventPath, value)
 
 

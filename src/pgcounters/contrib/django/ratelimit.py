@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar, cast
 
 from django.conf import settings as django_settings
-from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
 from pgcounters.contrib.django.db import psycopg_connection
+from pgcounters.contrib.django.errors import SettingsError
 from pgcounters.quotas import CallResult, Quotas
 
 KeyFunc: TypeAlias = Callable[[HttpRequest], "str | None"]
@@ -85,20 +85,20 @@ class RateLimitSettings:
 
         headers = get("HEADERS", "ratelimit")
         if headers not in HEADER_STYLES:
-            raise ImproperlyConfigured(
+            raise SettingsError(
                 f"{PREFIX}HEADERS must be one of {', '.join(HEADER_STYLES)}, got {headers!r}"
             )
         quota = get("QUOTA", None)
         if quota is not None and not isinstance(quota, str):
-            raise ImproperlyConfigured(f"{PREFIX}QUOTA must be a quota name, got {quota!r}")
+            raise SettingsError(f"{PREFIX}QUOTA must be a quota name, got {quota!r}")
         paths = get("PATHS", ("/",))
         if isinstance(paths, str) or not all(isinstance(p, str) for p in paths):
-            raise ImproperlyConfigured(f"{PREFIX}PATHS must be a list of path prefixes")
+            raise SettingsError(f"{PREFIX}PATHS must be a list of path prefixes")
         response = get("RESPONSE", None)
         if isinstance(response, str):
             response = import_string(response)
         if response is not None and not callable(response):
-            raise ImproperlyConfigured(f"{PREFIX}RESPONSE must be a callable or its dotted path")
+            raise SettingsError(f"{PREFIX}RESPONSE must be a callable or its dotted path")
         key = get("KEY", "user_or_ip")
         _check_key(key)
         return cls(
@@ -130,7 +130,7 @@ def _check_key(key: object) -> None:
         return
     if isinstance(key, str) and key.startswith("header:") and len(key) > len("header:"):
         return
-    raise ImproperlyConfigured(
+    raise SettingsError(
         f"invalid rate-limit key {key!r}: use 'user', 'ip', 'user_or_ip', 'header:<Name>' "
         "or a callable(request) -> str | None"
     )
@@ -293,7 +293,7 @@ class RateLimitMiddleware:
         self.get_response = get_response
         config = RateLimitSettings.load()
         if not config.quota:
-            raise ImproperlyConfigured(
+            raise SettingsError(
                 f"RateLimitMiddleware needs {PREFIX}QUOTA, the name of a defined quota"
             )
 

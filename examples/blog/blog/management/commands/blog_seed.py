@@ -13,7 +13,7 @@ from django.db import transaction
 from blog.apps import define_api_quota
 from blog.models import Article, Comment, Notification, User
 from pgcounters import Counters
-from pgcounters.contrib.django.db import psycopg_connection
+from pgcounters.contrib.django import psycopg_connection
 
 
 class Command(BaseCommand):
