@@ -149,7 +149,7 @@ def test_only_counter_triggers_need_the_schema() -> None:
     import pgtrigger.migrations
     from django.db import migrations
 
-    from pgcounters.contrib.django.triggers import triggers_for
+    from pgcounters.contrib.django.pgtrigger_delivery import triggers_for
 
     spec = next(spec for _, spec in declared_counters())
     ours = triggers_for(spec)[0]

@@ -212,7 +212,7 @@ def test_label_values_are_escaped() -> None:
 
 @dataclass
 class _DriftSection:
-    """A stand-in for a section another part of pgcounters registers."""
+    """A stand-in for one of the sections of the report."""
 
     name: str = "triggers"
 
@@ -227,9 +227,8 @@ class _DriftSection:
                        "gauge", (((), 1),))]  # fmt: skip
 
 
-def test_other_parts_add_sections(conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(status, "_SECTIONS", {})
-    status.register_section("triggers", lambda c: _DriftSection())
+def test_a_section_renders_in_every_format(conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(status, "_SECTIONS", {"triggers": lambda c: _DriftSection()})
     snap = get_status(conn)
     assert "triggers: 1 drifted (t1)" in status.text(snap)
     assert json.loads(status.to_json(snap))["triggers"] == {"drifted": ["t1"]}

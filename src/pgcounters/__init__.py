@@ -71,12 +71,12 @@ from pgcounters.schema import install, upgrade
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 
 if TYPE_CHECKING:
+    from pgcounters import status
     from pgcounters.batching import BatchingCounters
     from pgcounters.config import connect, dsn_from_env
     from pgcounters.embedded import EmbeddedPostgres
     from pgcounters.redis_buffer import RedisBuffer
     from pgcounters.sharding import install_proxy
-    from pgcounters.status import get_status
     from pgcounters.worker import Worker, WorkerSettings
 
     __version__: str
@@ -122,8 +122,9 @@ __all__ = [  # noqa: RUF022
     "Quota",
     "QuotaLimit",
     "Quotas",
-    # -- what an operator watches: queues, lag, workers, tables (`pgcounters status`)
-    "get_status",
+    # -- what an operator watches: queues, lag, workers, tables (`pgcounters status`); the
+    #    `status` namespace (get_status, then text, to_json, prometheus of the snapshot)
+    "status",
     # -- database roles: the `security` namespace (grant_app, grant_worker, grant_pause,
     #    revoke)
     "security",
@@ -196,7 +197,6 @@ _LAZY = {
     "WorkerSettings": "pgcounters.worker",
     "connect": "pgcounters.config",
     "dsn_from_env": "pgcounters.config",
-    "get_status": "pgcounters.status",
     "install_proxy": "pgcounters.sharding",
 }
 
@@ -206,6 +206,8 @@ def __getattr__(name: str) -> object:
         from importlib.metadata import version
 
         value: object = version("pgcounters")
+    elif name == "status":
+        value = importlib.import_module("pgcounters.status")
     elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     else:

@@ -8,9 +8,9 @@ to, the installed schema version, the connected workers and the wake-up
 setting. The snapshot renders as text, JSON and the Prometheus text
 exposition format (:func:`prometheus`).
 
-Other parts of pgcounters add their own sections (for example installed vs
-declared triggers) with :func:`register_section`: a section is collected with
-the same connection and rendered in all three formats.
+The report ends with sections (installed vs declared triggers, deltas set
+aside and retries, backfills), listed in :data:`_SECTIONS`: a section is
+collected with the same connection and rendered in all three formats.
 """
 
 from __future__ import annotations
@@ -74,12 +74,6 @@ class Section(Protocol):
 
 
 SectionCollector = Callable[[Conn], Section]
-_SECTIONS: dict[str, SectionCollector] = {}
-
-
-def register_section(name: str, collect: SectionCollector) -> None:
-    """Add a section to every status report (a later registration replaces one of that name)."""
-    _SECTIONS[name] = collect
 
 
 def _queue_label(unlogged: bool) -> str:
@@ -683,9 +677,6 @@ def collect_triggers(conn: Conn) -> TriggersSection:
 SPECS_SCHEMA_VERSION = 2
 """The schema version that added recorded declarations (``pgcounters.specs``)."""
 
-register_section("triggers", collect_triggers)
-
-
 # -- deltas set aside, rows left busy, retried batches (schema version 8) ---------
 
 
@@ -824,9 +815,6 @@ def collect_reliability(conn: Conn) -> ReliabilitySection:
     return ReliabilitySection(groups, retries, busy, aside)
 
 
-register_section("reliability", collect_reliability)
-
-
 # -- the backfills section: counters being recomputed over existing rows --------------
 
 BACKFILL_SCHEMA_VERSION = 9
@@ -890,4 +878,9 @@ def collect_backfills(conn: Conn) -> BackfillsSection:
     return BackfillsSection(tuple(BackfillStatus(r[0], int(r[1]), float(r[2])) for r in rows))
 
 
-register_section("backfills", collect_backfills)
+_SECTIONS: dict[str, SectionCollector] = {
+    "triggers": collect_triggers,
+    "reliability": collect_reliability,
+    "backfills": collect_backfills,
+}
+"""The sections of every status report, by name, in the order they are rendered."""

@@ -21,7 +21,7 @@ class PgCountersConfig(AppConfig):
             migration_deps,
         )
         from pgcounters.contrib.django.declarations import declared_counters
-        from pgcounters.contrib.django.triggers import register
+        from pgcounters.contrib.django.pgtrigger_delivery import register
 
         for model, spec in declared_counters():
             register(model, spec)

@@ -28,7 +28,7 @@ def adds_counter_trigger(operation: object) -> bool:
     trigger = getattr(operation, "trigger", None)
     if trigger is None:
         return False
-    from pgcounters.contrib.django.triggers import CounterTrigger
+    from pgcounters.contrib.django.pgtrigger_delivery import CounterTrigger
 
     if isinstance(trigger, CounterTrigger):
         return True
