@@ -1,4 +1,5 @@
-"""A small blog schema (seed 000/001) and the counter specs the trigger tests use."""
+"""A small blog schema (users, articles, public comments) and the counter specs the trigger
+tests use."""
 
 from __future__ import annotations
 

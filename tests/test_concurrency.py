@@ -202,7 +202,8 @@ def test_several_drainers_never_apply_a_delta_twice(dsn: str, pc: Counters) -> N
 
 
 def test_queued_transactions_in_random_order_never_deadlock(dsn: str, pc: Counters) -> None:
-    """The seed's deadlock: two transactions touching two counters in opposite orders."""
+    """The classic deadlock of hand-written counters: two transactions touching two counters
+    in opposite orders."""
     pc.create_counter("a")
     pc.create_counter("b")
     barrier = threading.Barrier(2)

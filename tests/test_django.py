@@ -87,7 +87,7 @@ def test_exact_annotation_adds_pending_deltas_in_one_statement() -> None:
     assert [a.pk for a in ranked] == [article.pk]
 
 
-def test_notifications_unread_count_seed_003() -> None:
+def test_notifications_unread_count() -> None:
     user = User.objects.create(username="reader")
     notes = Notification.objects.bulk_create([Notification(user=user) for _ in range(5)])
     Notification.objects.filter(pk=notes[0].pk).delete()  # delete of an unread: -1

@@ -157,7 +157,7 @@ def test_bad_declarations_fail_at_install_and_leave_nothing(
 
 
 def _workload(conn: Conn) -> None:
-    """Every kind of write the seed's trigger misses: bulk, flips, moves, NULL keys, sums."""
+    """Every kind of write a naive row trigger misses: bulk, flips, moves, NULL keys, sums."""
     conn.execute(
         "INSERT INTO blog_comment (article_id, creator_id, publish_status, score, created_on)"
         " SELECT 1 + g % 5, 1 + g % 3, CASE WHEN g % 2 = 0 THEN 'public' ELSE 'private' END,"
@@ -229,7 +229,7 @@ def test_a_bulk_statement_writes_one_delta_per_key(blog: Conn) -> None:
 
 
 def test_mark_as_read_twice_counts_once(blog: Conn, dsn: str) -> None:
-    """Seed 003: two requests mark the same comment at once; the count drops exactly once."""
+    """Two requests mark the same comment at once; the count drops exactly once."""
     spec = blog_schema.specs()[0]
     triggers.install(blog, [spec])
     blog.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")

@@ -1,4 +1,4 @@
-"""Quotas and rate limits that never let an extra call through (seed 002).
+"""Quotas and rate limits that never let an extra call through.
 
 A :class:`Quotas` wraps one psycopg 3 connection, like :class:`pgcounters.Counters`.
 A quota is a named budget of calls per subject (a customer, a user, an API key,

@@ -18,8 +18,8 @@ def define_api_quota(using: str = "default", **kwargs: Any) -> None:
     """After migrate: the quota of the rate-limited API view (idempotent)."""
     from django.conf import settings
 
-    from pgcounters.contrib.django import psycopg_connection
     from pgcounters import Quotas
+    from pgcounters.contrib.django import psycopg_connection
 
     with psycopg_connection(using) as conn:
         Quotas(conn).define_quota(settings.BLOG_API_QUOTA, settings.BLOG_API_LIMIT, window="minute")

@@ -1,4 +1,4 @@
-"""The seeds' blog: users, articles, comments with a publish status, notifications.
+"""The blog: users, articles, comments with a publish status, notifications.
 
 Every counter below is kept by statement-level triggers, whatever writes the
 rows: ``save``, ``bulk_create``, ``QuerySet.update``/``delete``, raw SQL, COPY.
@@ -16,9 +16,9 @@ PUBLIC = Q(publish_status="public")
 
 class User(models.Model):
     username = models.CharField(max_length=150)
-    # seed 000/001: public comments per user
+    # public comments per user
     public_comments = CountField("comments", filter=PUBLIC)
-    # seed 003: unread notifications per user
+    # unread notifications per user
     unread_notifications = CountField("notifications", filter=Q(read=False))
 
     def __str__(self) -> str:
@@ -27,7 +27,7 @@ class User(models.Model):
 
 class Article(models.Model):
     title = models.CharField(max_length=200, default="")
-    # seed 000/001: public comments per article
+    # public comments per article
     public_comments = CountField("comments", filter=PUBLIC)
     # a sum: the total score of the article's public comments
     public_score = SumField("comments", "score", filter=PUBLIC)

@@ -1,5 +1,5 @@
 """The blog's pages: top articles, an article with its exact count, a user's notifications
-(seed 003's unread count and mark-as-read), a rate-limited API, and page views (events).
+(an unread count and mark-as-read), a rate-limited API, and page views (events).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def article_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def notifications(request: HttpRequest, pk: int) -> HttpResponse:
-    """A user's notifications and unread count (seed 003), with mark-as-read buttons."""
+    """A user's notifications and unread count, with mark-as-read buttons."""
     user = get_object_or_404(User.objects.annotate(unread=Exact("unread_notifications")), pk=pk)
     items = Notification.objects.filter(user=user).order_by("read", "-id")[:50]
     return render(request, "blog/notifications.html", {"user": user, "notifications": items})

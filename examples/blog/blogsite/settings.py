@@ -1,4 +1,4 @@
-"""Settings of the blog example (seeds 000, 001 and 003).
+"""Settings of the blog example.
 
 The database comes from ``PGCOUNTERS_DSN`` (or ``DATABASE_URL``), a libpq
 connection string or URL. With neither set, ``manage.py`` starts an embedded
