@@ -96,25 +96,35 @@ def test_every_exported_name_resolves_once(public: object) -> None:
 
 
 def _error_classes() -> list[tuple[str, str]]:
-    """(module, class) of every exception class the package defines, found in its source."""
-    found: list[tuple[str, str]] = []
+    """(module, class) of every exception class the package defines, found in its source: a
+    class whose base is named like an exception, or is one of the classes found so far."""
+    classes: list[tuple[str, str, list[str]]] = []
     for path in sorted(SOURCE.rglob("*.py")):
         module = ".".join(path.relative_to(SOURCE.parent).with_suffix("").parts)
         if "migrations" in module.split(".") or _is_demo(module):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ClassDef) and any(
-                ast.unparse(b).endswith(("Error", "Exception", "Configured", "Failed"))
-                for b in node.bases
-            ):
-                found.append((module, node.name))
-    return found
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+                classes.append((module, node.name, bases))
+    errors: set[str] = set()
+    while True:
+        more = {
+            name
+            for _, name, bases in classes
+            if any(b.endswith(("Error", "Exception")) or b in errors for b in bases)
+        }
+        if more <= errors:
+            break
+        errors |= more
+    return [(module, name) for module, name, _ in classes if name in errors]
 
 
 def test_the_source_scan_finds_the_errors() -> None:
     found = _error_classes()
     assert ("pgcounters.errors", "InvalidArgument") in found
     assert ("pgcounters.contrib.django.errors", "SettingsError") in found
+    assert ("pgcounters.errors", "OverlappingQuotaLimits") in found  # a subclass's subclass
     assert len(found) >= 40
 
 
