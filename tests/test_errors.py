@@ -187,6 +187,14 @@ def test_drain_inside_a_transaction_is_refused(dsn: str) -> None:
             pc.drain(0)
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "5", None, True])
+def test_a_bad_replay_timeout_is_refused_even_on_a_primary(pc: Counters, timeout: Any) -> None:
+    position = pc.wal_position()
+    with pytest.raises(InvalidArgument, match="timeout"):
+        pc.wait_for_replay(position, timeout=timeout)
+    assert pc.wait_for_replay(position, timeout=0) >= 0
+
+
 def test_every_error_is_a_pgcounters_error() -> None:
     for cls in (ConnectionFailed, CounterOverflow, InvalidKey, UnknownCounter, DrainError):
         assert issubclass(cls, PgCountersError)

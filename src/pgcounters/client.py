@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
 import time
 from collections import defaultdict
@@ -535,6 +536,14 @@ class Counters:
         take a new snapshot for its next read (autocommit, or Read Committed):
         a Repeatable Read transaction already under way would not see the write.
         """
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            # NaN would wait for ever (no comparison with it is true)
+            raise InvalidArgument(f"timeout must be a number of seconds >= 0, got {timeout!r}")
         conn = self.read_conn
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and (
             conn.isolation_level
