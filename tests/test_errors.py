@@ -187,6 +187,25 @@ def test_drain_inside_a_transaction_is_refused(dsn: str) -> None:
             pc.drain(0)
 
 
+@pytest.mark.parametrize(
+    "bound",
+    [
+        {"max_batches": -1},
+        {"max_batches": "2"},
+        {"max_batches": 1.5},
+        {"time_limit": float("nan")},
+        {"time_limit": -0.5},
+        {"time_limit": "1"},
+    ],
+)
+def test_bad_drain_bounds_are_refused_before_any_batch(pc: Counters, bound: Any) -> None:
+    pc.create_counter("c")
+    pc.incr("c")
+    with pytest.raises(InvalidArgument, match=next(iter(bound))):
+        pc.drain(**bound)
+    assert pc.pending() == (1, 0)
+
+
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "5", None, True])
 def test_a_bad_replay_timeout_is_refused_even_on_a_primary(pc: Counters, timeout: Any) -> None:
     position = pc.wal_position()

@@ -659,6 +659,19 @@ class Counters:
         (``DrainResult.busy``): the drain never waits for an application.
         ``stop`` is asked before every batch (e.g. set by a signal handler).
         """
+        if max_batches is not None and (
+            isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 0
+        ):
+            raise InvalidArgument(f"max_batches must be an int >= 0 or None, got {max_batches!r}")
+        if time_limit is not None and (
+            isinstance(time_limit, bool)
+            or not isinstance(time_limit, int | float)
+            or not math.isfinite(time_limit)
+            or time_limit < 0
+        ):
+            raise InvalidArgument(
+                f"time_limit must be a number of seconds >= 0 or None, got {time_limit!r}"
+            )
         started = time.perf_counter()
         deltas = keys = batches = quarantined = 0
         busy = [0, 0]
