@@ -291,9 +291,9 @@ class Counters:
     def _applying(self, cur: psycopg.Cursor[Any]) -> Iterator[None]:
         """A write of a counter column: past its guard, in a transaction (or savepoint)."""
         with self.conn.transaction():
-            cur.execute("SELECT set_config('pgcounters.applying', 'on', true)")
+            cur.execute(query("applying_on"))
             yield
-            cur.execute("SELECT set_config('pgcounters.applying', '', true)")
+            cur.execute(query("applying_off"))
 
     def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
         """Add ``delta`` to one counter.
