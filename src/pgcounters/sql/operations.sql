@@ -155,6 +155,11 @@ SELECT q.unlogged, coalesce(sum(d.busy), 0)::bigint, coalesce(sum(d.quarantined)
  GROUP BY q.unlogged
  ORDER BY q.unlogged;
 
+-- name: status_backfills
+-- the counters being backfilled: keys done, seconds since the request
+SELECT name, keys_done, extract(epoch FROM now() - requested_at)::float8
+  FROM pgcounters.backfills ORDER BY name;
+
 -- name: quarantine_list
 -- Set-aside deltas, oldest first (pgcounters quarantine list).
 SELECT id, coalesce(counter, '#' || target_id::text), key, delta, unlogged, created_at,

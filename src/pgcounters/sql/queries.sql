@@ -30,6 +30,19 @@ SELECT {call};
 -- the plan of a statement composed by the caller (planning checks what it reads exists)
 EXPLAIN {statement};
 
+-- name: explain_json
+-- the plan of a statement composed by the caller, as JSON (the planner's estimates)
+EXPLAIN (FORMAT JSON) {statement};
+
+-- name: estimate_table
+-- a table's estimated rows: reltuples / relpages times its current pages (0 before the first ANALYZE)
+SELECT CASE WHEN c.reltuples < 0 THEN 0
+            WHEN c.relpages = 0 THEN c.reltuples
+            ELSE c.reltuples / c.relpages * (pg_relation_size(c.oid)
+                                             / current_setting('block_size')::int) END
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %s AND c.relname = %s;
+
 -- name: drop_trigger
 -- drop one trigger of a counter
 DROP TRIGGER {trigger} ON {table};
@@ -89,6 +102,15 @@ SELECT set_config('pgcounters.applying', 'on', true);
 -- name: applying_off
 -- the end of a counter-column write of pgcounters
 SELECT set_config('pgcounters.applying', '', true);
+
+-- name: enqueue_many
+-- several deltas into one queue ({values}: one (%s, %s::text[], %s) per delta)
+INSERT INTO {queue} (target_id, key, delta) VALUES {values};
+
+-- name: direct_named_many
+-- several increments of direct named counters, summed per (target, key) by the caller
+INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES {values}
+ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value;
 
 -- name: direct_named_update
 -- the common case of a direct counter: its row exists, one UPDATE (as the naive way)
@@ -311,6 +333,10 @@ SELECT pgcounters.record_flush(%(flush_id)s, %(buffer)s, %(keys)s, %(total)s, %(
 -- name: flush_recorded
 -- whether one flush is recorded
 SELECT EXISTS (SELECT 1 FROM pgcounters.buffer_flushes WHERE flush_id = %(flush_id)s);
+
+-- name: exact_and_flushes
+-- a buffered key's exact value and which of some flushes are recorded, from one snapshot
+SELECT ({exact}), ({flushes});
 
 -- name: flushes_recorded
 -- which of some flushes are recorded

@@ -9,8 +9,8 @@
 -- compares the catalogs object by object: a change of the schema is a new
 -- migration AND the same change here, and that test names what differs.
 --
--- Function bodies are checked when they run, not when they are created, so
--- objects can appear in topic order (a function may name one defined below).
+-- Function bodies are checked when they run, not when they are created (for this
+-- transaction), so objects appear in topic order: a function may name one defined below.
 SET LOCAL check_function_bodies = off;
 
 
@@ -2793,5 +2793,3 @@ GRANT SELECT ON pgcounters.backfills TO PUBLIC;
 
 -- ...and be told so by an exact read of one.
 GRANT EXECUTE ON FUNCTION pgcounters._backfilling(integer) TO PUBLIC;
-
-RESET check_function_bodies;
