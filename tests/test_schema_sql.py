@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from catalog import differences, snapshot
 from pgcounters import schema, sqlfiles
 from pgcounters.errors import SchemaError
+from roles import login_role
 
 
 def _from_schema_sql(dsn: str) -> dict[str, str]:
@@ -123,3 +126,31 @@ def test_an_unknown_migration_file_is_refused(empty_dsn: str) -> None:
         with pytest.raises(SchemaError, match=r"no migration 0099_nothing\.sql"):
             schema.apply_migration(conn, "0099_nothing")
         assert schema.installed_version(conn) is None
+
+
+def test_both_roads_agree_for_an_owner_that_is_not_a_superuser(
+    empty_dsn: str, another_empty_dsn: str
+) -> None:
+    """Installed by an ordinary role (no event trigger can be created then), schema.sql and
+    the migrations still build one schema: owned by that role, without the DDL guards."""
+    other_db = conninfo_to_dict(another_empty_dsn)["dbname"]
+    with login_role(empty_dsn, "owner") as (role, as_role):
+        as_role_other = make_conninfo(as_role, dbname=other_db)
+        for dsn in (empty_dsn, another_empty_dsn):
+            with psycopg.connect(dsn, autocommit=True) as admin:
+                database = conninfo_to_dict(dsn)["dbname"]
+                admin.execute(
+                    sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+                        sql.Identifier(str(database)), sql.Identifier(role)
+                    )
+                )
+        try:
+            built = _from_schema_sql(as_role)
+            migrated = _from_migrations(as_role_other)
+        finally:
+            with psycopg.connect(another_empty_dsn, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+    report = differences(built, migrated, ("schema.sql", "migrations"))
+    assert not report, report
+    assert "event trigger pgcounters_guard_ddl" not in built
+    assert f"owner {role}" in built["schema pgcounters"]
