@@ -40,6 +40,7 @@ def snapshot(conn: Conn) -> dict[str, str]:
     out: dict[str, str] = {}
     with conn.cursor(row_factory=tuple_row) as cur:
         queries = _queries()
+        cur.execute(queries.pop("privileges_function"))
         tables = queries.pop("tables")
         for query in queries.values():
             for name, definition in cur.execute(query).fetchall():
