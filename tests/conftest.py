@@ -96,6 +96,12 @@ def empty_dsn(server_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def another_empty_dsn(server_dsn: str) -> Iterator[str]:
+    """A second fresh database without the pgcounters schema (beside ``empty_dsn``)."""
+    yield from _fresh(server_dsn, "template0")
+
+
+@pytest.fixture
 def conn(dsn: str) -> Iterator[Conn]:
     with psycopg.connect(dsn, autocommit=True) as c:
         yield c

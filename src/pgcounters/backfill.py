@@ -68,26 +68,18 @@ BUSY_PAUSE_MAX = 0.5
 
 def request(conn: Conn, spec: CounterSpec) -> None:
     """Mark ``spec`` for a backfill from its first key (in the caller's transaction)."""
-    conn.execute(
-        "INSERT INTO pgcounters.backfills (name, fingerprint) VALUES (%s, %s)"
-        " ON CONFLICT (name) DO UPDATE SET fingerprint = excluded.fingerprint,"
-        " cursor_key = NULL, keys_done = 0, requested_at = now(), updated_at = now()",
-        (spec.name, spec.fingerprint),
-    )
+    conn.execute(_recount._sql("backfill_request"), (spec.name, spec.fingerprint))
 
 
 def cancel(conn: Conn, name: str) -> None:
     """Forget the backfill of a counter that is gone."""
-    conn.execute("DELETE FROM pgcounters.backfills WHERE name = %s", (name,))
+    conn.execute(_recount._sql("backfill_cancel"), (name,))
 
 
 def pending(conn: Conn) -> list[Backfill]:
     """Counters being backfilled, by name."""
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(
-            "SELECT name, fingerprint, keys_done, cursor_key, requested_at"
-            " FROM pgcounters.backfills ORDER BY name"
-        )
+        cur.execute(_recount._sql("backfills"))
         return [
             Backfill(r[0], r[1], int(r[2]), None if r[3] is None else tuple(r[3]), r[4])
             for r in cur.fetchall()
@@ -166,11 +158,7 @@ def _batch(
     """
     cache = {} if resolved is None else resolved
     with translated(), conn.transaction():
-        row = conn.execute(
-            "SELECT fingerprint, cursor_key FROM pgcounters.backfills WHERE name = %s"
-            " FOR UPDATE SKIP LOCKED",
-            (name,),
-        ).fetchone()
+        row = conn.execute(_recount._sql("backfill_claim"), (name,)).fetchone()
         if row is None:  # finished, or another process is running a batch of it
             return 0, False
         fingerprint, cursor = row[0], row[1]
@@ -207,11 +195,7 @@ def _batch(
         done = next((i for i, k in enumerate(texts) if k in held_texts), len(texts))
         if done == 0:
             return 0, True
-        conn.execute(
-            "UPDATE pgcounters.backfills SET cursor_key = %s, keys_done = keys_done + %s,"
-            " updated_at = now() WHERE name = %s",
-            (texts[done - 1], done, name),
-        )
+        conn.execute(_recount._sql("backfill_progress"), (texts[done - 1], done, name))
         return done, True
 
 
@@ -243,7 +227,8 @@ def _column_keys(conn: Conn, spec: CounterSpec, cursor: list[str] | None, limit:
     assert isinstance(t, ColumnTarget)
     k = sql.Identifier(t.key_column)
     rows = conn.execute(
-        sql.SQL("SELECT {k} FROM {p} WHERE {w} ORDER BY {k} LIMIT {n}").format(
+        _recount._composed(
+            "parent_keys_after",
             k=k,
             p=t.table.identifier(),
             w=_range_filter(k, t.key_type, cursor[0] if cursor else None, None),

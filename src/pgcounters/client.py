@@ -292,9 +292,9 @@ class Counters:
     def _applying(self, cur: psycopg.Cursor[Any]) -> Iterator[None]:
         """A write of a counter column: past its guard, in a transaction (or savepoint)."""
         with self.conn.transaction():
-            cur.execute("SELECT set_config('pgcounters.applying', 'on', true)")
+            cur.execute(query("applying_on"))
             yield
-            cur.execute("SELECT set_config('pgcounters.applying', '', true)")
+            cur.execute(query("applying_off"))
 
     def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
         """Add ``delta`` to one counter.
@@ -765,14 +765,10 @@ def _multi_insert(table: str, rows: int) -> bytes:
     one = sql.SQL("(%s, %s::text[], %s)")
     values = sql.SQL(", ").join([one] * rows)
     if table == "counters":
-        statement = sql.SQL(
-            "INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES {} "
-            "ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value"
-        ).format(values)
-        return statement.as_bytes(None)
+        return sql.SQL(query("direct_named_many")).format(values=values).as_bytes(None)
     return (
-        sql.SQL("INSERT INTO {} (target_id, key, delta) VALUES {}")
-        .format(sql.Identifier("pgcounters", table), values)
+        sql.SQL(query("enqueue_many"))
+        .format(queue=sql.Identifier("pgcounters", table), values=values)
         .as_bytes(None)
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from pgcounters import sqlfiles
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidArgument
@@ -26,15 +27,7 @@ def estimate_table(conn: Conn, table: Table | str) -> int:
     """
     t = Table.of(table)
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(
-            "SELECT CASE WHEN c.reltuples < 0 THEN 0"
-            " WHEN c.relpages = 0 THEN c.reltuples"
-            " ELSE c.reltuples / c.relpages * (pg_relation_size(c.oid)"
-            " / current_setting('block_size')::int) END"
-            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = %s",
-            (t.schema, t.name),
-        )
+        cur.execute(sqlfiles.query("estimate_table"), (t.schema, t.name))
         row = cur.fetchone()
     if row is None:
         raise InvalidArgument(f"no table {t}")
@@ -44,8 +37,8 @@ def estimate_table(conn: Conn, table: Table | str) -> int:
 def estimate_query(conn: Conn, query: str | sql.Composable, params: Any = None) -> int:
     """The planner's estimate of the rows a query returns (``EXPLAIN``, nothing is run)."""
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
-        stmt = sql.SQL("EXPLAIN (FORMAT JSON) {}").format(
-            query if isinstance(query, sql.Composable) else sql.SQL(query)
+        stmt = sql.SQL(sqlfiles.query("explain_json")).format(
+            statement=query if isinstance(query, sql.Composable) else sql.SQL(query)
         )
         cur.execute(stmt, params)
         row = cur.fetchone()

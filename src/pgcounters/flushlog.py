@@ -253,7 +253,9 @@ def exact_with_flushes(
         exact = counter.composed("exact_column")
     else:
         exact = sql.SQL(query("exact_named"))
-    statement = sql.SQL("SELECT ({}), ({})").format(exact, sql.SQL(query("flushes_recorded")))
+    statement = sql.SQL(query("exact_and_flushes")).format(
+        exact=exact, flushes=sql.SQL(query("flushes_recorded"))
+    )
     with translated(), pc.conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(statement, params)
         row = cur.fetchone()

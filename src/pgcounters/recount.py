@@ -52,11 +52,22 @@ from pgcounters.dberrors import translated
 from pgcounters.errors import BatchAborted, InvalidArgument
 from pgcounters.keys import decode_key
 from pgcounters.specs import ColumnTarget, CounterSpec
-from pgcounters.sqlfiles import query
+from pgcounters.sqlfiles import named, query
 from pgcounters.triggers import check_not_broken
 from pgcounters.triggers import spec as recorded_spec
 
 logger = logging.getLogger("pgcounters.recount")
+
+
+def _sql(name: str) -> str:
+    """A named statement of ``sql/recount.sql``."""
+    return named("recount.sql")[name]
+
+
+def _composed(name: str, **parts: sql.Composable) -> sql.Composed:
+    """A named statement of ``sql/recount.sql`` with its {placeholders} filled in."""
+    return sql.SQL(_sql(name)).format(**parts)
+
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
@@ -154,7 +165,9 @@ def _resolve(conn: Conn, counter: CounterSpec | str, operation: str) -> CounterS
 
 
 def _target_id(conn: Conn, spec: CounterSpec) -> int:
-    row = conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec))).fetchone()
+    row = conn.execute(
+        sql.SQL(query("select_call")).format(call=ensure_target_call(spec))
+    ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -180,22 +193,14 @@ def _typed_array(values: Sequence[Any], key_type: str) -> sql.Composable:
 
 def _text_keys(keys: Sequence[Sequence[Any]]) -> sql.Composable:
     """A set of text[] keys as a subquery (keys of any length, the global key included)."""
-    return sql.SQL(
-        "SELECT ARRAY(SELECT jsonb_array_elements_text(e))::text[] FROM jsonb_array_elements({}) e"
-    ).format(sql.Literal(json.dumps([[str(p) for p in k] for k in keys])))
+    return _composed("text_keys", keys=sql.Literal(json.dumps([[str(p) for p in k] for k in keys])))
 
 
 def _pending(target: int, keys: sql.Composable | None = None) -> sql.Composed:
     """``SELECT key, delta``: pending deltas of a target per key (optionally of some keys)."""
-    where = sql.SQL("target_id = {}").format(sql.Literal(target))
-    if keys is not None:
-        # the queues keep a key as its array's text (schema version 7)
-        where = sql.SQL("{} AND key IN (SELECT k::text FROM ({}) AS s(k))").format(where, keys)
-    return sql.SQL(
-        "SELECT q.key::text[] AS key, sum(q.delta)::bigint AS delta FROM ("
-        "SELECT key, delta FROM pgcounters.queue WHERE {w} UNION ALL "
-        "SELECT key, delta FROM pgcounters.queue_unlogged WHERE {w}) AS q GROUP BY q.key"
-    ).format(w=where)
+    if keys is None:
+        return _composed("pending", target=sql.Literal(target))
+    return _composed("pending_of_keys", target=sql.Literal(target), keys=keys)
 
 
 # -- verify --------------------------------------------------------------------
@@ -238,36 +243,19 @@ def verify(conn: Conn, counter: CounterSpec | str, *, sample: int | None = None)
     return VerifyResult(spec.name, checked, mismatches)
 
 
-_COMPARE = """
-    SELECT key, actual, expected FROM compared WHERE actual <> expected
-    UNION ALL
-    SELECT NULL, count(*), 0 FROM compared
-"""
-
-
 def _verify_column(spec: CounterSpec, target: int, sample: int | None) -> sql.Composed:
     t = spec.target
     assert isinstance(t, ColumnTarget)
     parent, k, c = t.table.identifier(), sql.Identifier(t.key_column), sql.Identifier(t.column)
     keys: sql.Composable
     if sample is None:
-        keys = sql.SQL("SELECT {k} AS k FROM {p}").format(k=k, p=parent)
+        keys = _composed("parent_keys", k=k, p=parent)
         truth = truth_query(spec)
     else:
-        keys = sql.SQL("SELECT {k} AS k FROM {p} ORDER BY random() LIMIT {n}").format(
-            k=k, p=parent, n=sql.Literal(sample)
-        )
+        keys = _composed("parent_keys_sample", k=k, p=parent, n=sql.Literal(sample))
         truth = truth_query(spec, sql.SQL("{} IN (SELECT k FROM keys)").format(_key_expr(spec)))
-    return sql.SQL(
-        "WITH keys AS MATERIALIZED ({keys}), truth AS ({truth}), pending AS ({pending}),"
-        " compared AS ("
-        " SELECT {text_key} AS key,"
-        " coalesce(x.{c}, 0) + coalesce(p.delta, 0) AS actual,"
-        " coalesce(t.delta, 0) AS expected"
-        " FROM {p} AS x JOIN keys ON keys.k = x.{k}"
-        " LEFT JOIN truth AS t ON t.key = {text_key}"
-        " LEFT JOIN pending AS p ON p.key = {text_key}) {compare}"
-    ).format(
+    return _composed(
+        "verify_column",
         text_key=_parent_key_text(spec, sql.SQL("x.{}").format(k)),
         keys=keys,
         truth=truth,
@@ -275,7 +263,6 @@ def _verify_column(spec: CounterSpec, target: int, sample: int | None) -> sql.Co
         k=k,
         c=c,
         p=parent,
-        compare=sql.SQL(_COMPARE),
     )
 
 
@@ -283,20 +270,8 @@ def _verify_named(spec: CounterSpec, target: int, sample: int | None) -> sql.Com
     limit: sql.Composable = sql.SQL("")
     if sample is not None:
         limit = sql.SQL("ORDER BY random() LIMIT {}").format(sql.Literal(sample))
-    return sql.SQL(
-        "WITH truth AS ({truth}),"
-        " stored AS (SELECT key, value FROM pgcounters.counters WHERE target_id = {target}),"
-        " pending AS ({pending}),"
-        " keys AS MATERIALIZED (SELECT key FROM (SELECT key FROM truth UNION"
-        " SELECT key FROM stored UNION SELECT key FROM pending) AS u {limit}),"
-        " compared AS ("
-        " SELECT k.key, coalesce(s.value, 0) + coalesce(p.delta, 0) AS actual,"
-        " coalesce(t.delta, 0) AS expected"
-        " FROM keys AS k LEFT JOIN truth AS t ON t.key = k.key"
-        " LEFT JOIN stored AS s ON s.key = k.key LEFT JOIN pending AS p ON p.key = k.key)"
-        " {compare}"
-    ).format(
-        compare=sql.SQL(_COMPARE),
+    return _composed(
+        "verify_named",
         truth=truth_query(spec),
         target=sql.Literal(target),
         pending=_pending(target),
@@ -391,9 +366,7 @@ def recount(
             if progress is not None:
                 progress(1)
         with conn.transaction():
-            conn.execute(
-                "UPDATE pgcounters.recounts SET finished_at = now() WHERE name = %s", (spec.name,)
-            )
+            conn.execute(_sql("recount_finished"), (spec.name,))
             if stale is not None:
                 conn.execute(
                     query("clear_stale"),
@@ -432,8 +405,7 @@ def _one_batch(
         floor = (texts[first_held - 1] if first_held > 0 else previous,)
     last = floor[0] if floor is not None else texts[-1]
     conn.execute(
-        "UPDATE pgcounters.recounts SET cursor_key = %s, keys_done = keys_done + %s,"
-        " keys_fixed = keys_fixed + %s, updated_at = now() WHERE name = %s",
+        _sql("recount_progress"),
         (last, len(batch) - len(held), fixed, spec.name),
     )
     return fixed, held, floor
@@ -442,19 +414,11 @@ def _one_batch(
 def _start(conn: Conn, name: str, resume: bool, result: RecountResult) -> list[str] | None:
     """The cursor to resume from (None: from the start); records the recount."""
     with conn.transaction():
-        row = conn.execute(
-            "SELECT cursor_key, finished_at IS NULL FROM pgcounters.recounts WHERE name = %s",
-            (name,),
-        ).fetchone()
+        row = conn.execute(_sql("recount_cursor"), (name,)).fetchone()
         if resume and row is not None and row[1] and row[0] is not None:
             result.resumed = True
             return list(row[0])
-        conn.execute(
-            "INSERT INTO pgcounters.recounts (name) VALUES (%s) ON CONFLICT (name) DO UPDATE"
-            " SET cursor_key = NULL, keys_done = 0, keys_fixed = 0, started_at = now(),"
-            " updated_at = now(), finished_at = NULL",
-            (name,),
-        )
+        conn.execute(_sql("recount_start"), (name,))
     return None
 
 
@@ -485,7 +449,8 @@ def _column_key_count(
     k = sql.Identifier(t.key_column)
     with conn.transaction():
         row = conn.execute(
-            sql.SQL("SELECT count(*) FROM {p} WHERE {w}").format(
+            _composed(
+                "parent_key_count",
                 p=t.table.identifier(),
                 w=_range_filter(k, t.key_type, cursor[0] if cursor else None, key_range),
             )
@@ -508,7 +473,8 @@ def _column_batches(
     while True:
         with conn.transaction():
             rows = conn.execute(
-                sql.SQL("SELECT {k} FROM {p} WHERE {w} ORDER BY {k} LIMIT {n}").format(
+                _composed(
+                    "parent_keys_after",
                     k=k,
                     p=t.table.identifier(),
                     w=_range_filter(k, t.key_type, last, key_range),
@@ -542,9 +508,13 @@ def _recount_column(
     locked = [
         r[0]
         for r in conn.execute(
-            sql.SQL(
-                "SELECT {k} FROM {p} WHERE {k} = ANY ({keys}) ORDER BY {k} FOR NO KEY UPDATE{skip}"
-            ).format(p=parent, k=k, keys=wanted, skip=sql.SQL("" if wait else " SKIP LOCKED"))
+            _composed(
+                "lock_parent_rows",
+                p=parent,
+                k=k,
+                keys=wanted,
+                skip=sql.SQL("" if wait else " SKIP LOCKED"),
+            )
         ).fetchall()
     ]
     held: list[Any] = []
@@ -555,9 +525,7 @@ def _recount_column(
         held = [
             r[0]
             for r in conn.execute(
-                sql.SQL("SELECT {k} FROM {p} WHERE {k} = ANY ({keys}) ORDER BY {k}").format(
-                    p=parent, k=k, keys=_typed_array(missing, t.key_type)
-                )
+                _composed("parent_rows", p=parent, k=k, keys=_typed_array(missing, t.key_type))
             ).fetchall()
         ]
     if not locked:
@@ -565,21 +533,13 @@ def _recount_column(
     mine = _typed_array(locked, t.key_type)
     # 2. truth and pending from one snapshot: stored = truth - pending
     truth = truth_query(spec, sql.SQL("{} = ANY ({})").format(_key_expr(spec), mine))
-    text_keys = sql.SQL("SELECT {} FROM unnest({}) AS u").format(
-        _parent_key_text(spec, sql.SQL("u")), mine
+    text_keys = _composed(
+        "parent_key_texts", text_key=_parent_key_text(spec, sql.SQL("u")), keys=mine
     )
-    conn.execute(APPLYING_ON)
+    conn.execute(query("applying_on"))
     cur = conn.execute(
-        sql.SQL(
-            "WITH truth AS ({truth}), pending AS ({pending}),"
-            " wanted AS (SELECT x.{k} AS k, coalesce(t.delta, 0) - coalesce(p.delta, 0) AS value"
-            " FROM {p} AS x"
-            " LEFT JOIN truth AS t ON t.key = {text_key}"
-            " LEFT JOIN pending AS p ON p.key = {text_key}"
-            " WHERE x.{k} = ANY ({keys}))"
-            " UPDATE {p} AS x SET {c} = w.value FROM wanted AS w"
-            " WHERE x.{k} = w.k AND x.{c} IS DISTINCT FROM w.value"
-        ).format(
+        _composed(
+            "recount_column",
             truth=truth,
             pending=_pending(target, text_keys),
             text_key=_parent_key_text(spec, sql.SQL("x.{}").format(k)),
@@ -590,14 +550,8 @@ def _recount_column(
         )
     )
     fixed = max(cur.rowcount, 0)
-    conn.execute(APPLYING_OFF)
+    conn.execute(query("applying_off"))
     return fixed, held
-
-
-# the counter-column writes of pgcounters say so, for a guard on the table to tell them
-# from other writers (transaction-local)
-APPLYING_ON = "SELECT set_config('pgcounters.applying', 'on', true)"
-APPLYING_OFF = "SELECT set_config('pgcounters.applying', '', true)"
 
 
 def _recount_busy_key(
@@ -613,16 +567,12 @@ def _recount_busy_key(
     what = f"{spec.name} key {key!r}"
 
     def attempt() -> int:
-        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(BUSY_LOCK_TIMEOUT)))
+        conn.execute(_composed("busy_lock_timeout", timeout=sql.Literal(BUSY_LOCK_TIMEOUT)))
         if column:
             fixed, _ = _recount_column(conn, spec, target, [key], wait=True)
         else:
             fixed, _ = _recount_named(conn, spec, target, [key], wait=True)
-        conn.execute(
-            "UPDATE pgcounters.recounts SET keys_done = keys_done + 1,"
-            " keys_fixed = keys_fixed + %s, updated_at = now() WHERE name = %s",
-            (fixed, spec.name),
-        )
+        conn.execute(_sql("recount_busy_key_done"), (fixed, spec.name))
         return fixed
 
     if not column:
@@ -650,11 +600,8 @@ def _named_keys(
         rows = conn.execute(
             # in byte order (COLLATE "C"), which is Python's order of the same keys: the
             # resume cursor below is compared in Python, whatever the database's collation
-            sql.SQL(
-                "SELECT key FROM (SELECT key FROM ({truth}) AS t UNION"
-                " SELECT key FROM pgcounters.counters WHERE target_id = {target} UNION"
-                ' SELECT key FROM ({pending}) AS p) AS u ORDER BY key COLLATE "C"'
-            ).format(
+            _composed(
+                "named_keys",
                 truth=truth_query(spec, first),
                 target=sql.Literal(target),
                 pending=_pending(target),
@@ -681,17 +628,7 @@ def _create_named_rows(conn: Conn, target: int, keys: Sequence[Sequence[str]]) -
     """Every key gets a row in ``pgcounters.counters`` (in a transaction of its own: an
     insert may wait for another transaction inserting the same key, and must hold
     nothing else while it does)."""
-    conn.execute(
-        sql.SQL(
-            "INSERT INTO pgcounters.counters (target_id, key, value)"
-            " SELECT {t}, b.key, 0 FROM ({batch}) AS b(key)"
-            # rows that exist are left out by a plain read: ON CONFLICT would wait for a
-            # transaction that holds one
-            " WHERE NOT EXISTS (SELECT 1 FROM pgcounters.counters AS c"
-            " WHERE c.target_id = {t} AND c.key = b.key) ORDER BY 2"
-            " ON CONFLICT (target_id, key) DO NOTHING"
-        ).format(t=sql.Literal(target), batch=_text_keys(keys))
-    )
+    conn.execute(_composed("create_named_rows", t=sql.Literal(target), batch=_text_keys(keys)))
 
 
 def _recount_named(
@@ -708,10 +645,12 @@ def _recount_named(
     locked = [
         list(r[0])
         for r in conn.execute(
-            sql.SQL(
-                "SELECT key FROM pgcounters.counters WHERE target_id = {t} AND key IN ({batch})"
-                " ORDER BY key FOR UPDATE{skip}"
-            ).format(t=tid, batch=_text_keys(keys), skip=sql.SQL("" if wait else " SKIP LOCKED"))
+            _composed(
+                "lock_named_rows",
+                t=tid,
+                batch=_text_keys(keys),
+                skip=sql.SQL("" if wait else " SKIP LOCKED"),
+            )
         ).fetchall()
     ]
     taken = {tuple(k) for k in locked}
@@ -727,14 +666,8 @@ def _recount_named(
             _key_expr(spec), _typed_array(firsts, spec.key_types[0])
         )
     cur = conn.execute(
-        sql.SQL(
-            "WITH truth AS ({truth}), pending AS ({pending}),"
-            " wanted AS (SELECT b.key, coalesce(t.delta, 0) - coalesce(p.delta, 0) AS value"
-            " FROM ({batch}) AS b(key)"
-            " LEFT JOIN truth AS t ON t.key = b.key LEFT JOIN pending AS p ON p.key = b.key)"
-            " UPDATE pgcounters.counters AS c SET value = w.value FROM wanted AS w"
-            " WHERE c.target_id = {t} AND c.key = w.key AND c.value <> w.value"
-        ).format(
+        _composed(
+            "recount_named",
             truth=truth_query(spec, extra),
             pending=_pending(target, batch),
             batch=batch,

@@ -1,8 +1,17 @@
-"""Installing and upgrading the pgcounters schema (the SQL in ``sql/migrations``)."""
+"""Installing and upgrading the pgcounters schema.
+
+A database without the schema gets ``sql/schema.sql`` (the current definition of
+every object, in one file) and every version it contains is recorded as
+applied; any migration newer than that file is applied after it. A database
+with an older schema is upgraded by the migrations of ``sql/migrations`` above
+its recorded version, one after the other. A test proves that both roads build
+the same schema.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -57,31 +66,69 @@ def check(conn: Conn) -> None:
 
 
 def _apply(conn: Conn, *, only_if_fresh: bool) -> list[int]:
-    """Apply missing migrations in one transaction under an advisory lock."""
+    """Install or upgrade in one transaction under an advisory lock."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise psycopg.ProgrammingError("install/upgrade must run outside a transaction")
-    applied: list[int] = []
     with translated(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sqlfiles.query("install_lock"))
         found = installed_version(conn)
-        if only_if_fresh and found is not None:
-            return applied
-        version = -1 if found is None else found
-        if version > sqlfiles.latest_version():
+        if found is None:
+            return _install_fresh(cur)
+        if only_if_fresh:
+            return []
+        if found > sqlfiles.latest_version():
             raise SchemaVersionMismatch(
-                f"the pgcounters schema is at version {version}, newer than this code "
+                f"the pgcounters schema is at version {found}, newer than this code "
                 f"({sqlfiles.latest_version()}): upgrade the pgcounters package"
             )
-        for migration in sqlfiles.migrations():
-            if migration.version <= version:
-                continue
+        return _migrate(cur, after=found)
+
+
+def _install_fresh(cur: psycopg.Cursor[tuple[Any, ...]]) -> list[int]:
+    """The whole schema from schema.sql, then any migration newer than that file."""
+    current = sqlfiles.schema()
+    cur.execute(current.sql.encode())
+    folded = [m for m in sqlfiles.migrations() if m.version <= current.version]
+    for migration in folded:
+        _record(cur, migration)
+    return [m.version for m in folded] + _migrate(cur, after=current.version)
+
+
+def _migrate(cur: psycopg.Cursor[tuple[Any, ...]], *, after: int) -> list[int]:
+    """Apply, in order, every migration numbered above ``after``."""
+    applied: list[int] = []
+    for migration in sqlfiles.migrations():
+        if migration.version > after:
             cur.execute(migration.sql.encode())
-            cur.execute(
-                sqlfiles.query("record_migration"),
-                {"version": migration.version, "name": migration.name},
-            )
+            _record(cur, migration)
             applied.append(migration.version)
     return applied
+
+
+def _record(cur: psycopg.Cursor[tuple[Any, ...]], migration: sqlfiles.Migration) -> None:
+    cur.execute(
+        sqlfiles.query("record_migration"),
+        {"version": migration.version, "name": migration.name},
+    )
+
+
+def apply_migration(conn: Conn, filename: str) -> bool:
+    """Apply the one migration named by its file (``"0008_drain_quarantine"``) unless
+    it is recorded already; False when it was. Runs in the caller's transaction, under
+    the install lock: this is how the Django migrations of the app deliver the schema,
+    one file each, in order."""
+    migration = sqlfiles.migration(filename)
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(sqlfiles.query("install_lock"))
+        cur.execute(sqlfiles.query("schema_exists"))
+        row = cur.fetchone()
+        if row is not None and row[0]:
+            cur.execute(sqlfiles.query("migration_recorded"), {"version": migration.version})
+            if cur.fetchone() is not None:
+                return False
+        cur.execute(migration.sql.encode())
+        _record(cur, migration)
+    return True
 
 
 def install(conn: Conn) -> list[int]:
@@ -94,5 +141,6 @@ def install(conn: Conn) -> list[int]:
 
 
 def upgrade(conn: Conn) -> list[int]:
-    """Apply every migration newer than the installed version. Returns the versions applied."""
+    """Apply every migration newer than the installed version (on a database without the
+    schema: install it). Returns the versions applied."""
     return _apply(conn, only_if_fresh=False)

@@ -26,6 +26,18 @@ CLUSTER = "pgcounters_shards"
 SCHEMA = "pgcounters_proxy"
 
 
+def _sql(name: str) -> str:
+    """A named statement of ``sql/sharding.sql``."""
+    return sqlfiles.named("sharding.sql")[name]
+
+
+def _composed(name: str, **parts: sql.Composable) -> sql.Composed:
+    """A named statement of ``sql/sharding.sql`` with the cluster's and schema's names."""
+    return sql.SQL(_sql(name)).format(
+        cluster=sql.Identifier(CLUSTER), schema=sql.Identifier(SCHEMA), **parts
+    )
+
+
 def install_proxy(conn: Conn, shards: Sequence[str]) -> None:
     """Install (or reinstall with new shards) the proxy functions on ``conn``'s database.
 
@@ -49,30 +61,17 @@ def install_proxy(conn: Conn, shards: Sequence[str]) -> None:
         for i, dsn in enumerate(shards)
     )
     with translated(), conn.transaction(), conn.cursor() as cur:
-        available = cur.execute(
-            "SELECT count(*) FROM pg_available_extensions WHERE name = 'plproxy'"
-        ).fetchone()
+        available = cur.execute(_sql("plproxy_available")).fetchone()
         if not available or not available[0]:
             raise ConfigurationError(
                 "PL/Proxy is not installed on the proxy's server: install it "
                 "(Debian: apt-get install postgresql-NN-plproxy)"
             )
-        cur.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
-        cur.execute(sql.SQL("DROP SERVER IF EXISTS {} CASCADE").format(sql.Identifier(CLUSTER)))
-        cur.execute(
-            sql.SQL("CREATE SERVER {} FOREIGN DATA WRAPPER plproxy OPTIONS ({})").format(
-                sql.Identifier(CLUSTER), options
-            )
-        )
-        cur.execute(
-            sql.SQL("CREATE USER MAPPING FOR PUBLIC SERVER {}").format(sql.Identifier(CLUSTER))
-        )
+        cur.execute(_sql("create_plproxy"))
+        cur.execute(_composed("drop_cluster"))
+        cur.execute(_composed("create_cluster", options=options))
+        cur.execute(_composed("create_user_mapping"))
         cur.execute(sqlfiles.read("plproxy.sql").encode())
-        cur.execute(sql.SQL("DELETE FROM {}.settings").format(sql.Identifier(SCHEMA)))
-        cur.execute(
-            sql.SQL("INSERT INTO {}.settings (partitions) VALUES (%s)").format(
-                sql.Identifier(SCHEMA)
-            ),
-            (count,),
-        )
-        cur.execute(sql.SQL("TRUNCATE {}.key_types").format(sql.Identifier(SCHEMA)))
+        cur.execute(_composed("clear_settings"))
+        cur.execute(_composed("set_partitions"), (count,))
+        cur.execute(_composed("clear_key_types"))

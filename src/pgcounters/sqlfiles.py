@@ -8,14 +8,30 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
+from pgcounters.errors import SchemaError
+
 _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_SCHEMA_VERSION_RE = re.compile(r"^-- version: (\d+)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
 class Migration:
     version: int
     name: str
+    sql: str
+
+    @property
+    def filename(self) -> str:
+        """The file's name without ``.sql``, e.g. ``0008_drain_quarantine``."""
+        return f"{self.version:04d}_{self.name}"
+
+
+@dataclass(frozen=True)
+class Schema:
+    """``schema.sql``: the schema as the migrations up to ``version`` leave it."""
+
+    version: int
     sql: str
 
 
@@ -32,13 +48,29 @@ def queries() -> dict[str, str]:
 
 @functools.cache
 def named(filename: str) -> dict[str, str]:
-    """The ``-- name: x`` blocks of a query file under ``pgcounters/sql``."""
+    """The ``-- name: x`` blocks of a query file under ``pgcounters/sql``: each block's SQL,
+    without the comment lines that open it (its description)."""
+    return {name: sql for name, (_, sql) in _blocks(filename).items()}
+
+
+@functools.cache
+def descriptions(filename: str) -> dict[str, str]:
+    """The description of each ``-- name: x`` block: the comment lines that open it."""
+    return {name: description for name, (description, _) in _blocks(filename).items()}
+
+
+def _blocks(filename: str) -> dict[str, tuple[str, str]]:
     text = read(filename)
     names = list(_NAME_RE.finditer(text))
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, str]] = {}
     for match, following in zip(names, [*names[1:], None], strict=True):
         end = following.start() if following else len(text)
-        out[match.group(1)] = text[match.end() : end].strip().rstrip(";")
+        lines = text[match.end() : end].strip().splitlines()
+        opening = 0
+        while opening < len(lines) and lines[opening].startswith("--"):
+            opening += 1
+        description = " ".join(line.removeprefix("--").strip() for line in lines[:opening])
+        out[match.group(1)] = (description, "\n".join(lines[opening:]).strip().rstrip(";"))
     return out
 
 
@@ -69,3 +101,29 @@ def migrations() -> tuple[Migration, ...]:
 
 def latest_version() -> int:
     return migrations()[-1].version
+
+
+def migration(filename: str) -> Migration:
+    """The migration of one file, named without ``.sql`` (``"0008_drain_quarantine"``)."""
+    for found in migrations():
+        if found.filename == filename:
+            return found
+    raise SchemaError(f"no migration {filename}.sql in the package")
+
+
+def migration_numbered(version: int) -> Migration:
+    """The migration of one number."""
+    for found in migrations():
+        if found.version == version:
+            return found
+    raise SchemaError(f"no migration numbered {version:04d} in the package")
+
+
+@functools.cache
+def schema() -> Schema:
+    """``schema.sql`` and the migration version it stands for (its ``-- version: N`` line)."""
+    text = read("schema.sql")
+    match = _SCHEMA_VERSION_RE.search(text)
+    if match is None:
+        raise RuntimeError("schema.sql does not say which version it is")
+    return Schema(int(match.group(1)), text)

@@ -871,10 +871,7 @@ def collect_backfills(conn: Conn) -> BackfillsSection:
     installed = schema.state(conn).installed
     if installed is None or installed < BACKFILL_SCHEMA_VERSION:
         return BackfillsSection(())
-    rows = conn.execute(
-        "SELECT name, keys_done, extract(epoch FROM now() - requested_at)::float8"
-        " FROM pgcounters.backfills ORDER BY name"
-    ).fetchall()
+    rows = conn.execute(_ops("status_backfills")).fetchall()
     return BackfillsSection(tuple(BackfillStatus(r[0], int(r[1]), float(r[2])) for r in rows))
 
 

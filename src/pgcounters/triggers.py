@@ -41,7 +41,7 @@ from pgcounters.errors import (
 )
 from pgcounters.keys import check_name
 from pgcounters.specs import ColumnTarget, CounterSpec
-from pgcounters.sqlfiles import query
+from pgcounters.sqlfiles import named, query
 
 State: TypeAlias = Literal[
     "installed", "outdated", "missing", "disabled", "broken", "stale", "undeclared"
@@ -82,7 +82,7 @@ def validate(conn: Conn, spec: CounterSpec) -> None:
     condition, the key parts and the summed value, which must be an integer)."""
     try:
         with conn.transaction(), conn.cursor() as cur:
-            cur.execute(sql.SQL("EXPLAIN ") + probe_query(spec))
+            cur.execute(sql.SQL(query("explain")).format(statement=probe_query(spec)))
     except psycopg.Error as exc:
         message = exc.diag.message_primary or str(exc)
         if isinstance(exc, psycopg.errors.UndefinedFunction) and "integer_value" in message:
@@ -194,7 +194,7 @@ def check_not_broken(conn: Conn, spec: CounterSpec) -> None:
     what it reads (verify and recount call it before reading the truth)."""
     try:
         with conn.transaction(), conn.cursor() as cur:
-            cur.execute(sql.SQL("EXPLAIN ") + probe_query(spec))
+            cur.execute(sql.SQL(query("explain")).format(statement=probe_query(spec)))
     except psycopg.Error as exc:
         if not isinstance(exc, _SCHEMA_CHANGED):
             mapped = translate(exc)
@@ -236,7 +236,7 @@ def install(conn: Conn, specs: Iterable[CounterSpec], *, backfill: bool = True) 
         for spec in chosen:
             validate(conn, spec)
             compiled = compile_spec(spec)
-            conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec)))
+            conn.execute(sql.SQL(query("select_call")).format(call=ensure_target_call(spec)))
             conn.execute(compiled.install_sql())
             record(conn, spec)
             if before.get(spec.name) != spec.fingerprint:
@@ -285,8 +285,8 @@ def _drop_moved(
         spec = by_name.get(t.spec_name)
         if spec is not None and not t.follower and not _on_source(spec, t):
             conn.execute(
-                sql.SQL("DROP TRIGGER {} ON {}").format(
-                    sql.Identifier(t.trigger), sql.Identifier(t.schema, t.table)
+                sql.SQL(query("drop_trigger")).format(
+                    trigger=sql.Identifier(t.trigger), table=sql.Identifier(t.schema, t.table)
                 )
             )
 
@@ -302,30 +302,30 @@ def uninstall(conn: Conn, name: str, *, drop_values: bool = False) -> bool:
         found = [t for t in installed(conn) if t.spec_name == name]
         for t in found:
             conn.execute(
-                sql.SQL("DROP TRIGGER {} ON {}").format(
-                    sql.Identifier(t.trigger), sql.Identifier(t.schema, t.table)
+                sql.SQL(query("drop_trigger")).format(
+                    trigger=sql.Identifier(t.trigger), table=sql.Identifier(t.schema, t.table)
                 )
             )
         for schema_name, table in sorted({(t.schema, t.table) for t in found if t.follower}):
             # a followed descendant's BEFORE TRUNCATE trigger
             conn.execute(
-                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-                    sql.Identifier(trigger_name(name, "truncate")),
-                    sql.Identifier(schema_name, table),
+                sql.SQL(query("drop_trigger_if_exists")).format(
+                    trigger=sql.Identifier(trigger_name(name, "truncate")),
+                    table=sql.Identifier(schema_name, table),
                 )
             )
         for event in EVENTS + GUARD_EVENTS:
             conn.execute(
-                sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
-                    sql.Identifier("pgcounters", trigger_name(name, event))
+                sql.SQL(query("drop_trigger_function")).format(
+                    function=sql.Identifier("pgcounters", trigger_name(name, event))
                 )
             )
         cur = conn.execute(query("forget_spec"), {"name": name})
         recorded = cur.rowcount > 0
-        conn.execute("DELETE FROM pgcounters.backfills WHERE name = %s", (name,))
+        conn.execute(named("recount.sql")["backfill_cancel"], (name,))
         dropped = False
         if drop_values:
-            row = conn.execute("SELECT pgcounters.drop_counter(%s)", (name,)).fetchone()
+            row = conn.execute(query("drop_counter"), {"name": name}).fetchone()
             dropped = bool(row and row[0])
     return bool(found) or recorded or dropped
 

@@ -2,34 +2,42 @@
 -- Values are always bound parameters.
 
 -- name: worker_session
+-- the worker's session timeouts
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false);
 
 -- name: listen
+-- the worker listens for wake-ups
 LISTEN pgcounters_queue;
 
 -- name: unlisten
+-- the worker stops listening for wake-ups
 UNLISTEN pgcounters_queue;
 
 -- name: enable_wakeups
+-- install (or re-time) the wake-up triggers on the queues
 SELECT pgcounters.enable_wakeups(make_interval(secs => %(seconds)s));
 
 -- name: disable_wakeups
+-- remove the wake-up triggers
 SELECT pgcounters.disable_wakeups();
 
 -- name: operations_installed
+-- whether the drain statistics exist
 SELECT to_regclass('pgcounters.drain_stats') IS NOT NULL;
 
 -- name: wakeup_interval
+-- the wake-up interval in milliseconds, NULL when wake-ups are off
 SELECT pgcounters.wakeup_interval_ms();
 
 -- name: status_clock
+-- the time the status is taken
 SELECT clock_timestamp();
 
+-- name: status_pending
 -- Pending deltas per counter and queue, with the age of the oldest one. One
 -- scan of each queue. Deltas of a counter dropped while they were in flight
 -- show under the target id.
--- name: status_pending
 WITH pending AS (
     SELECT target_id, false AS unlogged, count(*) AS deltas, min(created_at) AS oldest
       FROM pgcounters.queue
@@ -49,11 +57,12 @@ SELECT coalesce(t.name, '#' || p.target_id::text) AS counter,
  ORDER BY 1, 3;
 
 -- name: status_counters
+-- every counter and its mode
 SELECT name, mode FROM pgcounters.targets ORDER BY name;
 
+-- name: status_tables
 -- The tables pgcounters writes to: its own, and the user tables holding
 -- counter columns (a drain updates their rows).
--- name: status_tables
 WITH rels AS (
     SELECT c.oid, n.nspname, c.relname,
            CASE c.relname
@@ -85,10 +94,10 @@ SELECT r.nspname, r.relname, r.role,
   LEFT JOIN pg_stat_user_tables s ON s.relid = r.oid
  ORDER BY r.role = 'counter columns', r.nspname, r.relname;
 
+-- name: status_drain
 -- Drain statistics per queue: deltas applied in each window (the current
 -- minute included, so a window of N minutes spans N to N+1 minutes), and
 -- totals since install.
--- name: status_drain
 WITH now AS (SELECT clock_timestamp() AS at),
 windows AS (SELECT unnest(%(windows)s::integer[]) AS minutes)
 SELECT q.unlogged,
@@ -106,6 +115,7 @@ SELECT q.unlogged,
  ORDER BY q.unlogged, w.minutes;
 
 -- name: status_drain_totals
+-- drain statistics since the install, per queue
 SELECT q.unlogged,
        coalesce(sum(d.batches), 0)::bigint,
        coalesce(sum(d.deltas), 0)::bigint,
@@ -117,16 +127,16 @@ SELECT q.unlogged,
  GROUP BY q.unlogged
  ORDER BY q.unlogged;
 
--- Worker connections, recognised by their application_name.
 -- name: status_workers
+-- Worker connections, recognised by their application_name.
 SELECT pid, application_name, state, backend_start, state_change
   FROM pg_stat_activity
  WHERE datname = current_database()
    AND application_name LIKE %(prefix)s
  ORDER BY backend_start;
 
--- Deltas set aside, per counter and error (schema version 8).
 -- name: status_quarantine
+-- Deltas set aside, per counter and error (schema version 8).
 SELECT coalesce(counter, '#' || target_id::text), sqlstate, min(error), count(*),
        min(quarantined_at)
   FROM pgcounters.quarantine
@@ -134,17 +144,24 @@ SELECT coalesce(counter, '#' || target_id::text), sqlstate, min(error), count(*)
  ORDER BY 1, 2;
 
 -- name: status_retries
+-- retried batches per operation and reason
 SELECT operation, reason, retries, last_at FROM pgcounters.retries ORDER BY 1, 2;
 
 -- name: status_drain_aside
+-- deltas left busy and set aside by the drain, per queue
 SELECT q.unlogged, coalesce(sum(d.busy), 0)::bigint, coalesce(sum(d.quarantined), 0)::bigint
   FROM (VALUES (false), (true)) AS q(unlogged)
   LEFT JOIN pgcounters.drain_stats d ON d.unlogged = q.unlogged
  GROUP BY q.unlogged
  ORDER BY q.unlogged;
 
--- Set-aside deltas, oldest first (pgcounters quarantine list).
+-- name: status_backfills
+-- the counters being backfilled: keys done, seconds since the request
+SELECT name, keys_done, extract(epoch FROM now() - requested_at)::float8
+  FROM pgcounters.backfills ORDER BY name;
+
 -- name: quarantine_list
+-- Set-aside deltas, oldest first (pgcounters quarantine list).
 SELECT id, coalesce(counter, '#' || target_id::text), key, delta, unlogged, created_at,
        quarantined_at, sqlstate, error
   FROM pgcounters.quarantine
@@ -153,7 +170,9 @@ SELECT id, coalesce(counter, '#' || target_id::text), key, delta, unlogged, crea
  LIMIT %(limit)s;
 
 -- name: quarantine_replay
+-- move set-aside deltas back into their queues
 SELECT pgcounters.replay_quarantined(%(ids)s, %(counter)s);
 
 -- name: quarantine_discard
+-- delete set-aside deltas
 SELECT pgcounters.discard_quarantined(%(ids)s, %(counter)s);

@@ -3,47 +3,114 @@
 -- values are always bound parameters.
 
 -- name: installed_version
+-- the installed schema version
 SELECT max(version) FROM pgcounters.migrations;
 
 -- name: schema_exists
+-- whether the schema is installed (its migrations table exists)
 SELECT to_regclass('pgcounters.migrations') IS NOT NULL;
 
 -- name: record_migration
+-- record one migration as applied
 INSERT INTO pgcounters.migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: migration_recorded
+-- whether one migration is recorded as applied
+SELECT 1 FROM pgcounters.migrations WHERE version = %(version)s;
+
 -- name: install_lock
+-- one install or upgrade at a time (held to the end of the transaction)
 SELECT pg_advisory_xact_lock(hashtext('pgcounters.install'));
 
+-- name: select_call
+-- the value of one function call composed by the caller (ensure_target of a spec)
+SELECT {call};
+
+-- name: explain
+-- the plan of a statement composed by the caller (planning checks what it reads exists)
+EXPLAIN {statement};
+
+-- name: explain_json
+-- the plan of a statement composed by the caller, as JSON (the planner's estimates)
+EXPLAIN (FORMAT JSON) {statement};
+
+-- name: estimate_table
+-- a table's estimated rows: reltuples / relpages times its current pages (0 before the first ANALYZE)
+SELECT CASE WHEN c.reltuples < 0 THEN 0
+            WHEN c.relpages = 0 THEN c.reltuples
+            ELSE c.reltuples / c.relpages * (pg_relation_size(c.oid)
+                                             / current_setting('block_size')::int) END
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %s AND c.relname = %s;
+
+-- name: drop_trigger
+-- drop one trigger of a counter
+DROP TRIGGER {trigger} ON {table};
+
+-- name: drop_trigger_if_exists
+-- drop one trigger of a counter, if it is there
+DROP TRIGGER IF EXISTS {trigger} ON {table};
+
+-- name: drop_trigger_function
+-- drop one trigger function of a counter, if it is there
+DROP FUNCTION IF EXISTS {function}();
+
 -- name: create_counter
+-- declare a named counter
 SELECT pgcounters.create_counter(%(name)s, %(key_types)s::text[], %(mode)s);
 
 -- name: create_column_counter
+-- declare a counter kept in a column of a user table
 SELECT pgcounters.create_column_counter(
     %(name)s, %(table)s::regclass, %(column)s, %(key_column)s, %(mode)s);
 
 -- name: drop_counter
+-- forget a counter: its declaration, stored values and pending deltas
 SELECT pgcounters.drop_counter(%(name)s);
 
 -- name: target_by_name
+-- one counter's declaration
 SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
   FROM pgcounters.targets
  WHERE name = %(name)s;
 
 -- name: targets_by_names
+-- the declarations of some counters
 SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
   FROM pgcounters.targets
  WHERE name = ANY (%(names)s::text[]);
 
 -- name: list_targets
+-- every counter's declaration, by name
 SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
   FROM pgcounters.targets
  ORDER BY name;
 
 -- name: enqueue
+-- one delta into the logged queue
 INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s::text[], %s);
 
 -- name: enqueue_unlogged
+-- one delta into the unlogged queue
 INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (%s, %s::text[], %s);
+
+-- name: applying_on
+-- the counter-column writes of pgcounters say so (transaction-local), for a guard on
+-- the table to tell them from other writers
+SELECT set_config('pgcounters.applying', 'on', true);
+
+-- name: applying_off
+-- the end of a counter-column write of pgcounters
+SELECT set_config('pgcounters.applying', '', true);
+
+-- name: enqueue_many
+-- several deltas into one queue ({values}: one (%s, %s::text[], %s) per delta)
+INSERT INTO {queue} (target_id, key, delta) VALUES {values};
+
+-- name: direct_named_many
+-- several increments of direct named counters, summed per (target, key) by the caller
+INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES {values}
+ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value;
 
 -- name: direct_named_update
 -- the common case of a direct counter: its row exists, one UPDATE (as the naive way)
@@ -52,17 +119,20 @@ UPDATE pgcounters.counters SET value = value + %s
 RETURNING value;
 
 -- name: direct_named
+-- a direct named counter's first increment of a key: create its row or add to it
 INSERT INTO pgcounters.counters AS c (target_id, key, value)
 VALUES (%s, %s, %s)
 ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
 RETURNING c.value;
 
 -- name: direct_column
+-- a direct column counter: add to the column of one row, returning the value
 UPDATE {table} AS x SET {column} = coalesce(x.{column}, 0) + %s
  WHERE x.{key_column} = %s
 RETURNING x.{column};
 
 -- name: exact_named
+-- the exact value of one key of a named counter: stored + pending, from one snapshot
 -- (refused while the counter is backfilled: pgcounters._backfilling)
 SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
@@ -89,10 +159,12 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: stored_named
+-- the stored value of one key of a named counter (without pending deltas)
 SELECT coalesce((SELECT value FROM pgcounters.counters
                   WHERE target_id = %(t)s AND key = %(k)s), 0);
 
 -- name: exact_column
+-- the exact value of one row of a column counter: stored + pending, from one snapshot
 -- (refused while the counter is backfilled: pgcounters._backfilling)
 SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
@@ -105,6 +177,7 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: exact_column_logged
+-- on a hot standby: the exact value of one key of a column counter, from the logged queue
 SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
                          WHERE g.id = %(t)s)
@@ -114,9 +187,11 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: stored_column
+-- the stored value of one row of a column counter (without pending deltas)
 SELECT coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
 
 -- name: exact_named_many
+-- the exact values of several keys of a named counter, in the order asked, from one snapshot
 -- (refused while the counter is backfilled: pgcounters._backfilling)
 SELECT w.ord,
        CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
@@ -135,6 +210,7 @@ SELECT w.ord,
   LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
 
 -- name: exact_named_many_logged
+-- on a hot standby: the exact values of several keys of a named counter, from the logged queue
 SELECT w.ord,
        CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                            JOIN pgcounters.targets AS g ON g.name = b.name
@@ -150,6 +226,7 @@ SELECT w.ord,
   LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
 
 -- name: stored_named_many
+-- the stored values of several keys of a named counter, in the order asked
 SELECT w.ord, coalesce(c.value, 0)
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
@@ -158,6 +235,7 @@ SELECT w.ord, coalesce(c.value, 0)
   LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
 
 -- name: top_named
+-- the n highest values of a named counter
 SELECT key, value
   FROM pgcounters.counters
  WHERE target_id = %(t)s
@@ -165,12 +243,14 @@ SELECT key, value
  LIMIT %(n)s;
 
 -- name: top_column
+-- the n highest values of a column counter
 SELECT x.{key_column}::text, x.{column}
   FROM {table} AS x
  ORDER BY x.{column} DESC NULLS LAST, x.{key_column}
  LIMIT %(n)s;
 
 -- name: wal_insert_position
+-- the WAL position a standby must replay to see what this primary committed
 -- The insert position covers every committed record, even one not yet flushed.
 -- When the last record ended exactly at the end of a WAL page, it points past
 -- the next page's header, where no record ends: a standby's replay position
@@ -185,20 +265,25 @@ SELECT (CASE WHEN (lsn - '0/0') % segment = 40 THEN lsn - 40  -- long header: a 
   FROM p;
 
 -- name: replay_reached
+-- whether this server has everything up to a WAL position
 -- (in recovery, replayed up to the position): a primary has everything it wrote
 SELECT pg_is_in_recovery(), coalesce(pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn, false);
 
 -- name: drain_batch
+-- one drain batch of one queue: deltas applied, counter values changed
 SELECT deltas, keys FROM pgcounters.drain_batch(%(limit)s, %(unlogged)s);
 
 -- name: drain_queue
+-- one drain batch of one queue, with the deltas left busy and set aside
 SELECT deltas, keys, busy, quarantined, ahead
   FROM pgcounters.drain_queue(%(limit)s, %(unlogged)s);
 
 -- name: record_retry
+-- count one retried batch of an operation, by reason
 SELECT pgcounters.record_retry(%s, %s);
 
 -- name: pending_counts
+-- how many deltas each queue holds
 SELECT (SELECT count(*) FROM pgcounters.queue), (SELECT count(*) FROM pgcounters.queue_unlogged);
 
 -- name: counter_triggers
@@ -218,6 +303,7 @@ SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D', p.prosrc,
  ORDER BY 1, 2, 3
 
 -- name: record_spec
+-- record a declared counter's spec (definition, fingerprint, probe)
 INSERT INTO pgcounters.specs (name, fingerprint, definition, probe, rows_delta)
 VALUES (%(name)s, %(fingerprint)s, %(definition)s, %(probe)s, %(rows_delta)s)
 ON CONFLICT (name) DO UPDATE
@@ -225,65 +311,88 @@ ON CONFLICT (name) DO UPDATE
        probe = excluded.probe, rows_delta = excluded.rows_delta, updated_at = now()
 
 -- name: forget_spec
+-- forget a declared counter's spec
 DELETE FROM pgcounters.specs WHERE name = %(name)s
 
 -- name: declared_specs
+-- every recorded spec, by name
 SELECT definition FROM pgcounters.specs ORDER BY name
 
 -- name: set_paused
+-- pause counting in this session ('all' or a list of counter names)
 SELECT set_config('pgcounters.paused', %(value)s, false)
 
 -- name: get_paused
+-- the counters paused in this session
 SELECT coalesce(current_setting('pgcounters.paused', true), '')
 
 -- name: record_flush
+-- record a buffer's flush (false: it was recorded before)
 SELECT pgcounters.record_flush(%(flush_id)s, %(buffer)s, %(keys)s, %(total)s, %(keep)s::text[]);
 
 -- name: flush_recorded
+-- whether one flush is recorded
 SELECT EXISTS (SELECT 1 FROM pgcounters.buffer_flushes WHERE flush_id = %(flush_id)s);
 
+-- name: exact_and_flushes
+-- a buffered key's exact value and which of some flushes are recorded, from one snapshot
+SELECT ({exact}), ({flushes});
+
 -- name: flushes_recorded
+-- which of some flushes are recorded
 SELECT ARRAY(SELECT flush_id FROM pgcounters.buffer_flushes WHERE flush_id = ANY (%(ids)s::text[]));
 
 -- name: seed_unread_rows
+-- the unread-counts workload: one row per user
 INSERT INTO seed_unread_counts (user_id) SELECT generate_series(0, %(keys)s - 1);
 
 -- name: seed_unread_incr
+-- the unread-counts workload, the naive way: one UPDATE of the user's row
 UPDATE seed_unread_counts SET unread_count = unread_count + %s WHERE user_id = %s;
 
 -- name: seed_unread_values
+-- the unread-counts workload: the counts kept the naive way
 SELECT user_id, unread_count FROM seed_unread_counts WHERE unread_count <> 0;
 
 -- name: copy_queue
+-- many deltas into the logged queue at once
 COPY pgcounters.queue (target_id, key, delta) FROM STDIN;
 
 -- name: copy_queue_unlogged
+-- many deltas into the unlogged queue at once
 COPY pgcounters.queue_unlogged (target_id, key, delta) FROM STDIN;
 
 -- name: quota_define
+-- declare a quota, or change its default limit and logging
 SELECT pgcounters.define_quota(
     %(name)s, %(default_limit)s, %(period)s, %(window_seconds)s, %(time_zone)s, %(log)s);
 
 -- name: quota_drop
+-- forget a quota with its limits, usage and log
 SELECT pgcounters.drop_quota(%(name)s);
 
 -- name: quota_by_name
+-- one quota's definition
 SELECT id, name, period, window_seconds, time_zone, default_limit, log_calls
   FROM pgcounters.quotas
  WHERE name = %(name)s;
 
 -- name: quota_list
+-- every quota's definition, by name
 SELECT id, name, period, window_seconds, time_zone, default_limit, log_calls
   FROM pgcounters.quotas
  ORDER BY name;
 
 -- name: quota_set_limit
+-- give a subject a limit over a time range
 SELECT pgcounters.set_limit(%(quota)s, %(subject)s, %(calls)s, %(from)s, %(until)s);
 
 -- name: quota_remove_limits
+-- remove one limit of a subject, or all of them
 SELECT pgcounters.remove_limits(%(quota)s, %(subject)s, %(id)s);
 
 -- name: quota_limits
+-- the limits of a quota (of one subject, or all)
 SELECT l.id, l.subject, l.calls, lower(l.valid), upper(l.valid)
   FROM pgcounters.quota_limits AS l
  WHERE l.quota_id = %(quota_id)s
@@ -291,14 +400,17 @@ SELECT l.id, l.subject, l.calls, lower(l.valid), upper(l.valid)
  ORDER BY l.subject, lower(l.valid) NULLS FIRST;
 
 -- name: quota_register_call
+-- register a call and decide whether it is allowed
 SELECT allowed, used, attempts, call_limit, window_start, window_end, retry_after
   FROM pgcounters.register_call(%s, %s, %s, %s, %s, %s);
 
 -- name: quota_status
+-- a subject's usage in the window containing an instant
 SELECT used, attempts, rejected, call_limit, window_start, window_end
   FROM pgcounters.quota_status(%(quota)s, %(subject)s, %(at)s);
 
 -- name: quota_report
+-- the usage rows of a quota
 SELECT u.subject, u.window_start, u.window_end, u.call_limit, u.used, u.attempts, u.rejected
   FROM pgcounters.quota_usage AS u
  WHERE u.quota_id = %(quota_id)s
@@ -310,6 +422,7 @@ SELECT u.subject, u.window_start, u.window_end, u.call_limit, u.used, u.attempts
  LIMIT %(limit)s;
 
 -- name: quota_top_rejected
+-- the subjects of a quota with the most rejected calls
 SELECT u.subject, sum(u.rejected)::bigint, sum(u.attempts)::bigint, count(*)::bigint
   FROM pgcounters.quota_usage AS u
  WHERE u.quota_id = %(quota_id)s
@@ -321,6 +434,7 @@ HAVING sum(u.rejected) > 0
  LIMIT %(limit)s;
 
 -- name: quota_log
+-- the request log of a quota
 SELECT g.subject, g.at, g.cost, g.allowed, g.details::text
   FROM pgcounters.quota_log AS g
  WHERE g.quota_id = %(quota_id)s
@@ -331,27 +445,35 @@ SELECT g.subject, g.at, g.cost, g.allowed, g.details::text
  LIMIT %(limit)s;
 
 -- name: quota_purge
+-- remove old windows and log rows
 SELECT windows, log_rows FROM pgcounters.purge_quotas(%(before)s, %(quota)s);
 
 -- name: direct_named_add
+-- add to direct named counters (without write rights on pgcounters.counters)
 SELECT pgcounters.add_direct(%s::integer[], %s::text[], %s::bigint[]);
 
 -- name: grant_app
+-- give a role what the application needs
 SELECT pgcounters.grant_app(%(role)s);
 
 -- name: grant_worker
+-- give a role what the worker needs
 SELECT pgcounters.grant_worker(%(role)s);
 
 -- name: revoke_role
+-- take back what grant_app and grant_worker gave a role
 SELECT pgcounters.revoke_role(%(role)s);
 
 -- name: grant_pause
+-- let a role pause counting in its own sessions
 SELECT pgcounters.grant_pause(%(role)s);
 
 -- name: drain_read_committed
+-- a drain batch runs in READ COMMITTED whatever the session's default
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
 -- name: counters_writable
+-- whether this role may write pgcounters.counters itself
 SELECT has_table_privilege('pgcounters.counters', 'INSERT')
    AND has_table_privilege('pgcounters.counters', 'UPDATE');
 
@@ -375,7 +497,9 @@ DELETE FROM pgcounters.stale_counters
  WHERE name = %(name)s AND since = %(since)s AND statements = %(statements)s
 
 -- name: stale_counters
+-- the counters that missed writes, until a recount of them starts
 SELECT name, reason, since, statements FROM pgcounters.stale_counters ORDER BY name
 
 -- name: set_replica_writes
+-- what a counter does with writes of replica-mode sessions
 SELECT pgcounters.set_replica_writes(%(name)s, %(mode)s)

@@ -43,6 +43,7 @@ from pgcounters.contrib.django.models import (
     UnloggedPendingDelta,
 )
 from pgcounters.errors import PgCountersError
+from pgcounters.sqlfiles import named
 
 if TYPE_CHECKING:
     _CounterAdmin = admin.ModelAdmin[Counter]
@@ -115,11 +116,7 @@ class CounterAdmin(ReadOnly, _CounterAdmin):
             .get_queryset(request)
             .annotate(
                 queued=_queued(PendingDelta) + _queued(UnloggedPendingDelta),
-                backfilled=RawSQL(
-                    "SELECT b.keys_done FROM pgcounters.backfills AS b"
-                    " WHERE b.name = pgcounters.targets.name",
-                    (),
-                ),
+                backfilled=RawSQL(named("django.sql")["backfill_progress"], ()),
             )
         )
 

@@ -47,6 +47,7 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
     from pgcounters.compiler import ensure_target_call
     from pgcounters.contrib.django.db import psycopg_connection
     from pgcounters.contrib.django.declarations import declared_counters
+    from pgcounters.sqlfiles import query
     from pgcounters.triggers import declared, follow, installed, record, uninstall
 
     when = getattr(settings, "PGCOUNTERS_BACKFILL", "migrate")
@@ -67,7 +68,7 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
             for spec in specs:
                 if spec.name not in live:
                     continue
-                conn.execute(sql.SQL("SELECT {}").format(ensure_target_call(spec)))
+                conn.execute(sql.SQL(query("select_call")).format(call=ensure_target_call(spec)))
                 record(conn, spec)
                 if before.get(spec.name) != spec.fingerprint:
                     backfill.request(conn, spec)

@@ -10,6 +10,7 @@ from django.db.models.expressions import Expression
 from pgcounters.contrib.django.declarations import CountField
 from pgcounters.errors import InvalidArgument, ReplicaError
 from pgcounters.specs import ColumnTarget, CounterSpec
+from pgcounters.sqlfiles import named
 
 
 class Exact(Expression):
@@ -48,11 +49,7 @@ class Exact(Expression):
         key_sql, key_params = compiler.compile(self._key)
         name = self._name  # type: ignore[attr-defined]
         # compiled SQL of Django's own expressions; the counter name is a parameter
-        pending = (
-            " + coalesce((SELECT sum(q.delta) FROM pgcounters.{queue} AS q WHERE q.target_id ="
-            " (SELECT t.id FROM pgcounters.targets AS t WHERE t.name = %s)"
-            " AND q.key = ARRAY[({key})::text]::text), 0)"
-        )
+        pending = named("django.sql")["exact_pending"]
         queues = ["queue"]
         if _on_standby(connection):
             # a hot standby cannot plan a statement naming an unlogged table
@@ -66,7 +63,7 @@ class Exact(Expression):
         text = f"(coalesce({column_sql}, 0)"
         params_list: list[Any] = list(column_params)
         for queue in queues:
-            text += pending.format(queue=queue, key=key_sql)
+            text += " + " + pending.format(queue=queue, key=key_sql)
             params_list += [name, *key_params]
         text += ")"
         params = tuple(params_list)
@@ -78,15 +75,15 @@ class Exact(Expression):
             return text, params
         assert isinstance(spec.target, ColumnTarget)
         truth = truth_of_key(spec, key_sql).replace("%", "%%")
-        backfill = "(SELECT {} FROM pgcounters.backfills AS b WHERE b.name = %s)"
+        backfill = named("django.sql")["backfill_lookup"]
         guarded = "".join(
             [
                 "(CASE WHEN NOT EXISTS ",
-                backfill.format("1"),
+                backfill.format(value="1"),
                 " OR ",
                 key_sql,
                 " <= ",
-                backfill.format(f"(b.cursor_key[1])::{spec.target.key_type}"),
+                backfill.format(value=f"(b.cursor_key[1])::{spec.target.key_type}"),
                 " THEN ",
                 text,
                 " ELSE (",
@@ -106,8 +103,8 @@ def truth_of_key(spec: CounterSpec, key_sql: str) -> str:
 
     extra = sql.SQL("{} = {}").format(_key_expr(spec), sql.SQL(key_sql))
     return (
-        sql.SQL("SELECT coalesce(sum(k.delta), 0) FROM ({}) AS k")
-        .format(truth_query(spec, extra))
+        sql.SQL(named("django.sql")["truth_of_key"])
+        .format(truth=truth_query(spec, extra))
         .as_string()
     )
 

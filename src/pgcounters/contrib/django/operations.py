@@ -1,10 +1,11 @@
-"""Django migration operations that run the SQL shipped in the package.
+"""The Django migration operation that runs the SQL shipped in the package.
 
-Each Django migration of this app applies one file of ``pgcounters/sql/migrations``
-and records its version in ``pgcounters.migrations``, exactly as
-``pgcounters install`` does: both deliveries give the same schema, and a
-database installed by one is recognised by the other (an applied version is
-skipped).
+Each Django migration of this app applies one file of ``pgcounters/sql/migrations``,
+named by that file (``ApplySchemaMigration("0008_drain_quarantine")``), through
+the core's :func:`pgcounters.schema.apply_migration`: the same code as
+``pgcounters upgrade``, under the same lock, recording the version in
+``pgcounters.migrations``. A database installed by one delivery is recognised by
+the other (an applied version is skipped).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from django.db import migrations
 
-from pgcounters import sqlfiles
+from pgcounters import schema, sqlfiles
+from pgcounters.contrib.django.db import raw_connection
 
 
 class ApplySchemaMigration(migrations.RunPython):
@@ -21,29 +23,22 @@ class ApplySchemaMigration(migrations.RunPython):
 
     reduces_to_sql = False
 
-    def __init__(self, version: int) -> None:
-        self.version = version
+    def __init__(self, migration: str | int) -> None:
+        # a number is the form of migrations written before files were named
+        found = (
+            sqlfiles.migration(migration)
+            if isinstance(migration, str)
+            else sqlfiles.migration_numbered(migration)
+        )
+        self.migration = migration
+        self.filename = found.filename
         super().__init__(self._forwards, migrations.RunPython.noop, atomic=True)
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        return (f"{__name__}.{type(self).__name__}", [self.version], {})
+        return (f"{__name__}.{type(self).__name__}", [self.migration], {})
 
     def describe(self) -> str:
-        return f"Apply pgcounters schema migration {self.version:04d}"
+        return f"Apply pgcounters schema migration {self.filename}"
 
     def _forwards(self, apps: Any, schema_editor: Any) -> None:
-        migration = next(m for m in sqlfiles.migrations() if m.version == self.version)
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(sqlfiles.query("install_lock"))
-            cursor.execute(sqlfiles.query("schema_exists"))
-            if cursor.fetchone()[0]:
-                cursor.execute(
-                    "SELECT 1 FROM pgcounters.migrations WHERE version = %s", [self.version]
-                )
-                if cursor.fetchone():
-                    return
-            cursor.execute(migration.sql)
-            cursor.execute(
-                sqlfiles.query("record_migration"),
-                {"version": migration.version, "name": migration.name},
-            )
+        schema.apply_migration(raw_connection(schema_editor.connection.alias), self.filename)

@@ -28,6 +28,7 @@ from pgcounters.contrib.django.declarations import CountField, NamedCounter, _na
 from pgcounters.errors import InvalidKey, UnknownCounter
 from pgcounters.keys import Key, KeyType, decode_key
 from pgcounters.recount import Mismatch, VerifyResult
+from pgcounters.sqlfiles import named
 
 
 @dataclass(frozen=True)
@@ -113,22 +114,13 @@ def _decoded(parts: Sequence[str | None], key_types: tuple[KeyType, ...]) -> Key
         return None
 
 
-_HELD = """
-    SELECT h.key, sum(h.value)::bigint FROM (
-        SELECT key, value FROM pgcounters.counters WHERE target_id = %(t)s
-        UNION ALL SELECT key::text[], delta FROM pgcounters.queue WHERE target_id = %(t)s
-        UNION ALL SELECT key::text[], delta FROM pgcounters.queue_unlogged WHERE target_id = %(t)s
-    ) AS h GROUP BY h.key
-"""
-
-
 def _held(cursor: Any, name: str) -> list[tuple[list[str | None], int]]:
     """Pending deltas per key (and, for a named counter, stored values) from pgcounters."""
-    cursor.execute("SELECT id FROM pgcounters.targets WHERE name = %s", [name])
+    cursor.execute(named("django.sql")["target_id"], [name])
     row = cursor.fetchone()
     if row is None:  # the triggers never fired: nothing stored, nothing pending
         return []
-    cursor.execute(_HELD, {"t": row[0]})
+    cursor.execute(named("django.sql")["held"], {"t": row[0]})
     return [(list(key), int(value)) for key, value in cursor.fetchall()]
 
 
@@ -189,5 +181,5 @@ def verify_orm(names: Sequence[str] = (), *, using: str = "default") -> list[Ver
     fresh = not connection.in_atomic_block
     with _snapshot(using), connection.cursor() as cursor:
         if fresh:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cursor.execute(named("django.sql")["snapshot"])
         return [_compare(counter, using, cursor) for counter in chosen]

@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = True
     dependencies = []
-    operations = [ApplySchemaMigration(1)]
+    operations = [ApplySchemaMigration("0001_initial")]

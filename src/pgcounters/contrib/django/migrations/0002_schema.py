@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = False
     dependencies = [("pgcounters", "0001_schema")]
-    operations = [ApplySchemaMigration(2)]
+    operations = [ApplySchemaMigration("0002_specs")]

@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = False
     dependencies = [("pgcounters", "0002_schema")]
-    operations = [ApplySchemaMigration(3)]
+    operations = [ApplySchemaMigration("0003_quotas")]

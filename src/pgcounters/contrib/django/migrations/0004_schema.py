@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = False
     dependencies = [("pgcounters", "0003_schema")]
-    operations = [ApplySchemaMigration(4)]
+    operations = [ApplySchemaMigration("0004_buffers")]

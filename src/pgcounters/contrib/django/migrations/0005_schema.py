@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = False
     dependencies = [("pgcounters", "0004_schema")]
-    operations = [ApplySchemaMigration(5)]
+    operations = [ApplySchemaMigration("0005_operations")]

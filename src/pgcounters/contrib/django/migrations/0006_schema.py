@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = False
     dependencies = [("pgcounters", "0005_schema")]
-    operations = [ApplySchemaMigration(6)]
+    operations = [ApplySchemaMigration("0006_security")]

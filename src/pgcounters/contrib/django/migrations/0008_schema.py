@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = False
     dependencies = [("pgcounters", "0007_admin_models")]
-    operations = [ApplySchemaMigration(7)]
+    operations = [ApplySchemaMigration("0007_text_keys")]

@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = False
     dependencies = [("pgcounters", "0008_schema")]
-    operations = [ApplySchemaMigration(8)]
+    operations = [ApplySchemaMigration("0008_drain_quarantine")]

@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = False
     dependencies = [("pgcounters", "0009_drain_quarantine")]
-    operations = [ApplySchemaMigration(9)]
+    operations = [ApplySchemaMigration("0009_counter_columns")]
