@@ -36,11 +36,13 @@ from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidArgument
 from pgcounters.recount import (
+    _composed,
     _create_named_rows,
     _named_keys,
     _range_filter,
     _recount_column,
     _recount_named,
+    _sql,
     _target_id,
 )
 from pgcounters.specs import ColumnTarget, CounterSpec
@@ -68,18 +70,18 @@ BUSY_PAUSE_MAX = 0.5
 
 def request(conn: Conn, spec: CounterSpec) -> None:
     """Mark ``spec`` for a backfill from its first key (in the caller's transaction)."""
-    conn.execute(_recount._sql("backfill_request"), (spec.name, spec.fingerprint))
+    conn.execute(_sql("backfill_request"), (spec.name, spec.fingerprint))
 
 
 def cancel(conn: Conn, name: str) -> None:
     """Forget the backfill of a counter that is gone."""
-    conn.execute(_recount._sql("backfill_cancel"), (name,))
+    conn.execute(_sql("backfill_cancel"), (name,))
 
 
 def pending(conn: Conn) -> list[Backfill]:
     """Counters being backfilled, by name."""
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(_recount._sql("backfills"))
+        cur.execute(_sql("backfills"))
         return [
             Backfill(r[0], r[1], int(r[2]), None if r[3] is None else tuple(r[3]), r[4])
             for r in cur.fetchall()
@@ -158,7 +160,7 @@ def _batch(
     """
     cache = {} if resolved is None else resolved
     with translated(), conn.transaction():
-        row = conn.execute(_recount._sql("backfill_claim"), (name,)).fetchone()
+        row = conn.execute(_sql("backfill_claim"), (name,)).fetchone()
         if row is None:  # finished, or another process is running a batch of it
             return 0, False
         fingerprint, cursor = row[0], row[1]
@@ -195,7 +197,7 @@ def _batch(
         done = next((i for i, k in enumerate(texts) if k in held_texts), len(texts))
         if done == 0:
             return 0, True
-        conn.execute(_recount._sql("backfill_progress"), (texts[done - 1], done, name))
+        conn.execute(_sql("backfill_progress"), (texts[done - 1], done, name))
         return done, True
 
 
@@ -227,7 +229,7 @@ def _column_keys(conn: Conn, spec: CounterSpec, cursor: list[str] | None, limit:
     assert isinstance(t, ColumnTarget)
     k = sql.Identifier(t.key_column)
     rows = conn.execute(
-        _recount._composed(
+        _composed(
             "parent_keys_after",
             k=k,
             p=t.table.identifier(),
