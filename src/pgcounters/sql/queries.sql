@@ -379,3 +379,9 @@ SELECT name, reason, since, statements FROM pgcounters.stale_counters ORDER BY n
 
 -- name: set_replica_writes
 SELECT pgcounters.set_replica_writes(%(name)s, %(mode)s)
+
+-- name: statement_timeout
+SELECT current_setting('statement_timeout');
+
+-- name: set_statement_timeout
+SELECT set_config('statement_timeout', %(timeout)s, false);
