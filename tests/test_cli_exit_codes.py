@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -78,11 +79,13 @@ BAD_USAGE = {
     "operations": ["drain", "--batch-size", "0"],
     "operations (seconds)": ["wakeup", "on", "--interval", "-1"],
     "operations (worker)": ["worker", "--min-interval", "0"],
+    "operations (port)": ["status", "--serve", "70000"],
     "counters": ["top", "c", "-n", "-1"],
     "counters (backfill)": ["backfill", "--batch-size", "many"],
     "quotas": ["quota", "call", "q", "s", "--at", "yesterday"],
     "quotas (window)": ["quota", "define", "q", "--window", "fortnight"],
     "quotas (duration)": ["quota", "purge", "--older-than", "month"],
+    "quotas (too long ago)": ["quota", "purge", "--older-than", "900000000d"],
     "repair": ["verify", "--show", "-1"],
     "repair (quarantine)": ["quarantine", "replay"],
     "repair (recount)": ["recount", "--batch-size", "0"],
@@ -135,6 +138,12 @@ def test_library_errors_keep_exit_1_after_the_usage_checks(
     assert (code, "between 1 ms and 1 hour" in err) == (cli.EXIT_ERROR, True)
     code, _, err = run(capsys, dsn, "quota", "define", "q", "--window", "2h", "--time-zone", "X/Y")
     assert (code, err.startswith("pgcounters: error: ")) == (cli.EXIT_ERROR, True)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = str(taken.getsockname()[1])
+        code, _, err = run(capsys, dsn, "status", "--serve", busy)
+    assert (code, err.startswith("pgcounters: error: cannot serve status on")) == (1, True)
     code, _, err = run(capsys, dsn, "backfill", "nope")
     assert (code, "no backfill is pending for nope" in err) == (cli.EXIT_ERROR, True)
 

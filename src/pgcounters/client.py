@@ -662,10 +662,11 @@ class Counters:
         if (
             isinstance(statement_timeout, bool)
             or not isinstance(statement_timeout, int | float)
-            or not 0 <= statement_timeout < float("inf")
+            or not 0 <= statement_timeout <= _MAX_TIMEOUT
         ):
             raise DrainError(
-                f"statement_timeout must be zero or more seconds, got {statement_timeout!r}"
+                f"statement_timeout must be zero or more seconds, at most {_MAX_TIMEOUT}, "
+                f"got {statement_timeout!r}"
             )
         if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise DrainError("drain must run outside a transaction: each batch commits on its own")
@@ -721,6 +722,10 @@ class Counters:
                 if batch.done:
                     active.remove(unlogged)
         return result()
+
+
+_MAX_TIMEOUT = (2**31 - 1) // 1000
+"""The longest statement timeout PostgreSQL takes, in whole seconds."""
 
 
 def retry_reason(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ from pgcounters.cli.common import EXIT_ERROR, EXIT_MORE, EXIT_OK, print_json, ve
 from pgcounters.cli.types import (
     non_negative_int,
     non_negative_seconds,
+    port,
     positive_int,
     positive_seconds,
 )
@@ -259,7 +260,7 @@ def configure_operations(sub: Any) -> None:
         "--prometheus", action="store_true", help="print the Prometheus text exposition"
     )
     fmt.add_argument(
-        "--serve", type=non_negative_int, metavar="PORT",
+        "--serve", type=port, metavar="PORT",
         help="serve /metrics (Prometheus), /status.json and / over HTTP",
     )  # fmt: skip
     p.add_argument("--bind", default="127.0.0.1", help="address for --serve (default 127.0.0.1)")

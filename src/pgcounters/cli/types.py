@@ -37,6 +37,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    value = _integer(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (0 to 65535), got {text!r}")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -109,6 +117,8 @@ def duration(text: str) -> dt.timedelta:
     if seconds is None:
         raise argparse.ArgumentTypeError(f"must be a duration such as 30d or 12h, got {text!r}")
     try:
-        return dt.timedelta(seconds=seconds)
+        value = dt.timedelta(seconds=seconds)
+        dt.datetime.now(dt.UTC) - value  # a duration back from now: before year 1 is too far
     except OverflowError:
         raise argparse.ArgumentTypeError(f"must be a shorter duration, got {text!r}") from None
+    return value
