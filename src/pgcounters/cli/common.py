@@ -7,13 +7,12 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import psycopg
 
-from pgcounters.config import data_dir, database, dsn_from_env
+from pgcounters.config import database
 from pgcounters.errors import InvalidKey, PgCountersError
 from pgcounters.keys import KeyType
 
@@ -114,29 +113,13 @@ def parse_key(text: str | None, key_types: tuple[KeyType, ...]) -> object:
     return tuple(out) if len(out) > 1 else out[0]
 
 
-@contextmanager
-def command_database(args: argparse.Namespace) -> Iterator[str]:
-    """The DSN a command runs on: ``--dsn``, the environment, else an embedded server.
-
-    Starting the embedded server is said in one line on stderr (stdout stays the
-    command's output), except by the verbs that say it themselves.
-    """
-    if not (args.dsn or dsn_from_env()) and args.command not in NO_DATABASE_NOTICE:
-        print(
-            "pgcounters: no --dsn, PGCOUNTERS_DSN or DATABASE_URL: starting the embedded "
-            f"PostgreSQL server, its data in {data_dir(args.data_dir)}",
-            file=sys.stderr,
-            flush=True,
-        )
-    with database(args.dsn, args.data_dir, quiet=True) as dsn:
-        yield dsn
-
-
 def run_verb(args: argparse.Namespace, prog: str) -> int:
     """Run the verb the arguments name; library errors become one line and an exit code."""
     handler: Handler = args.handler
     try:
-        with command_database(args) as dsn:
+        # with no DSN, an embedded server, said on stderr; demo, bench and server say
+        # themselves which database they use
+        with database(args.dsn, args.data_dir, quiet=args.command in NO_DATABASE_NOTICE) as dsn:
             return handler(args, dsn)
     except PgCountersError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
