@@ -88,5 +88,7 @@ def test_a_quick_run_prints_one_json_object_and_writes_the_files(
 
 
 def test_an_unknown_scenario_is_a_clear_error(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.run(["--dsn", dsn, "bench", "top-m"]) != 0
+    with pytest.raises(SystemExit) as usage:
+        cli.run(["--dsn", dsn, "bench", "top-m"])
+    assert usage.value.code == cli.EXIT_USAGE
     assert "unknown scenario top-m" in capsys.readouterr().err

@@ -49,7 +49,9 @@ def test_flush_errors_exit_1(
     assert cli.run(["--dsn", dsn, "flush"]) == cli.EXIT_ERROR
     assert "PGCOUNTERS_REDIS_URL" in capsys.readouterr().err
     monkeypatch.setenv("PGCOUNTERS_REDIS_URL", nowhere)
-    assert cli.run(["--dsn", dsn, "flush", "--worker", "--interval", "0"]) == cli.EXIT_ERROR
+    with pytest.raises(SystemExit) as usage:
+        cli.run(["--dsn", dsn, "flush", "--worker", "--interval", "0"])
+    assert usage.value.code == cli.EXIT_USAGE
     assert "--interval must be positive" in capsys.readouterr().err
 
 

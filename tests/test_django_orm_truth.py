@@ -157,3 +157,9 @@ def test_unknown_counters_and_bad_truths_are_clear_errors(
     assert err == "manage.py pgcounters: error: --truth must be one of spec, orm, got 'guess'\n"
     # --truth spec is the default verify
     assert _verify(capsys, "--truth", "spec")[0] == 0
+
+
+def test_a_negative_show_is_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "--truth", "orm", "--show", "-1")
+    assert (code, out) == (2, "")
+    assert err == "manage.py pgcounters: error: argument --show: must be zero or more, got '-1'\n"

@@ -64,9 +64,10 @@ def test_quiet_prints_nothing_but_errors_still_show(
     code, out, err = run(capsys, empty_dsn, "-q")
     assert (code, out) == (cli.EXIT_ERROR, "")
     assert "pgcounters install" in err
-    code, _, err = run(capsys, dsn, "--batch-size", "0")
-    assert code == cli.EXIT_ERROR
-    assert "--batch-size must be positive" in err
+    with pytest.raises(SystemExit) as usage:
+        run(capsys, dsn, "--batch-size", "0")
+    assert usage.value.code == cli.EXIT_USAGE
+    assert "--batch-size must be a positive integer" in capsys.readouterr().err
 
 
 def test_statement_timeout_aborts_a_stuck_batch_and_keeps_its_deltas(

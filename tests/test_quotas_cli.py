@@ -80,19 +80,23 @@ def test_quota_errors_are_one_line(dsn: str, capsys: pytest.CaptureFixture[str])
     code, _, err = run(capsys, dsn, "call", "missing", "s")
     assert (code, err) == (1, "pgcounters: error: unknown quota 'missing'\n")
     run(capsys, dsn, "define", "q", "--limit", "5")
-    code, _, err = run(capsys, dsn, "define", "q", "--limit", "0")
-    assert (code, "positive" in err) == (1, True)
+    with pytest.raises(SystemExit) as usage:
+        run(capsys, dsn, "define", "q", "--limit", "0")
+    assert (usage.value.code, "positive" in capsys.readouterr().err) == (cli.EXIT_USAGE, True)
     code, _, err = run(capsys, dsn, "define", "q", "--window", "hour")
     assert (code, "another window" in err) == (1, True)
     code, _, err = run(capsys, dsn, "call", "q", " ")
     assert (code, "non-blank" in err) == (1, True)
-    code, _, err = run(capsys, dsn, "call", "q", "s", "--cost", "0")
-    assert (code, "positive integer" in err) == (1, True)
+    with pytest.raises(SystemExit) as usage:
+        run(capsys, dsn, "call", "q", "s", "--cost", "0")
+    err = capsys.readouterr().err
+    assert (usage.value.code, "positive integer" in err) == (cli.EXIT_USAGE, True)
     run(capsys, dsn, "limit", "q", "s", "3")
     code, _, err = run(capsys, dsn, "limit", "q", "s", "4", "--from", "2030-01-01")
     assert (code, "overlaps" in err) == (1, True)
-    code, _, err = run(capsys, dsn, "purge", "--older-than", "week")
-    assert (code, "duration" in err) == (1, True)
+    with pytest.raises(SystemExit) as usage:
+        run(capsys, dsn, "purge", "--older-than", "week")
+    assert (usage.value.code, "duration" in capsys.readouterr().err) == (cli.EXIT_USAGE, True)
     with pytest.raises(SystemExit) as usage:
         run(capsys, dsn, "call", "q", "s", "--at", "yesterday")
     assert usage.value.code == cli.EXIT_USAGE

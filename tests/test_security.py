@@ -322,7 +322,9 @@ def test_grant_command(dsn: str, conn: Conn, capsys: Any) -> None:
         assert run(["--dsn", dsn, "grant", "--revoke", role, "-q"]) == 0
         with psycopg.connect(role_dsn, autocommit=True) as c, pytest.raises(PermissionDenied):
             Counters(c).get("c")
-        assert run(["--dsn", dsn, "grant"]) == 1
+        with pytest.raises(SystemExit) as usage:
+            run(["--dsn", dsn, "grant"])
+        assert usage.value.code == 2
         assert "name at least one role" in capsys.readouterr().err
 
 

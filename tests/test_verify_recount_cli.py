@@ -139,7 +139,9 @@ def test_verify_samples_shows_few_differences_and_refuses_unknown_counters(
     code, _, err = run(capsys, dsn, "verify", "no.such.counter")
     assert code == cli.EXIT_ERROR
     assert "no declared counter named no.such.counter" in err
-    assert run(capsys, dsn, "verify", "--sample", "0")[0] == cli.EXIT_ERROR
+    with pytest.raises(SystemExit) as usage:
+        run(capsys, dsn, "verify", "--sample", "0")
+    assert usage.value.code == cli.EXIT_USAGE
 
 
 def test_verify_and_recount_with_no_declared_counters(
@@ -184,7 +186,9 @@ def test_recount_takes_key_ranges(
     assert "'four' is not a valid bigint" in err
     assert wrong() == [4]
     assert off_keys(conn) == {(ARTICLE, (4,))}
-    assert run(capsys, dsn, "recount", ARTICLE, "--batch-size", "0")[0] == cli.EXIT_ERROR
+    with pytest.raises(SystemExit) as usage:
+        run(capsys, dsn, "recount", ARTICLE, "--batch-size", "0")
+    assert usage.value.code == cli.EXIT_USAGE
 
 
 def test_recount_while_writers_and_a_drainer_run_ends_exact(

@@ -248,7 +248,9 @@ def test_the_wakeup_command(dsn: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert capsys.readouterr().out.strip() == "wake-ups are off"
     assert cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "0.25"]) == 0
     assert capsys.readouterr().out.strip() == "wake-ups are on: at most one every 250 ms"
-    assert cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "0"]) == 1
+    with pytest.raises(SystemExit) as usage:
+        cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "0"])
+    assert usage.value.code == cli.EXIT_USAGE
     assert "--interval must be positive" in capsys.readouterr().err
     assert cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "7200"]) == 1
     assert "between 1 ms and 1 hour" in capsys.readouterr().err

@@ -648,6 +648,7 @@ class Counters:
         max_batches: int | None = None,
         time_limit: float | None = None,
         stop: Callable[[], bool] | None = None,
+        statement_timeout: float | None = None,
     ) -> DrainResult:
         """Drain both queues until they are empty (or a bound is reached).
 
@@ -658,6 +659,12 @@ class Counters:
         SQL). Deltas whose parent rows other transactions hold are left queued
         (``DrainResult.busy``): the drain never waits for an application.
         ``stop`` is asked before every batch (e.g. set by a signal handler).
+
+        ``statement_timeout``: seconds a batch may run before PostgreSQL cancels
+        it (0: no limit), for this drain only: the session's own setting is put
+        back when it ends. A batch it cancels rolls back, its deltas stay queued,
+        and the drain raises :class:`DrainError` (the batches committed before it
+        stay applied).
         """
         if max_batches is not None and (
             isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 0
@@ -672,6 +679,44 @@ class Counters:
             raise InvalidArgument(
                 f"time_limit must be a number of seconds >= 0 or None, got {time_limit!r}"
             )
+        if statement_timeout is None:
+            return self._drain(batch_size, max_batches, time_limit, stop)
+        if (
+            isinstance(statement_timeout, bool)
+            or not isinstance(statement_timeout, int | float)
+            or not 0 <= statement_timeout <= _MAX_TIMEOUT
+        ):
+            raise InvalidArgument(
+                f"statement_timeout must be zero or more seconds, at most {_MAX_TIMEOUT}, "
+                f"got {statement_timeout!r}"
+            )
+        if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise DrainError("drain must run outside a transaction: each batch commits on its own")
+        with self.conn.transaction():
+            row = self.conn.execute(query("statement_timeout")).fetchone()
+            previous = str(row[0]) if row else "0"
+            timeout = {"timeout": f"{round(statement_timeout * 1000)}ms"}
+            self.conn.execute(query("set_statement_timeout"), timeout)
+        try:
+            return self._drain(batch_size, max_batches, time_limit, stop)
+        except psycopg.errors.QueryCanceled as exc:
+            raise DrainError(
+                "a batch was cancelled by the statement timeout and rolled back (its deltas "
+                "stay queued): use a smaller batch size or a longer statement timeout"
+            ) from exc
+        finally:
+            # the session's own timeout again (a connection left broken has no session)
+            if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                with self.conn.transaction():
+                    self.conn.execute(query("set_statement_timeout"), {"timeout": previous})
+
+    def _drain(
+        self,
+        batch_size: int,
+        max_batches: int | None,
+        time_limit: float | None,
+        stop: Callable[[], bool] | None,
+    ) -> DrainResult:
         started = time.perf_counter()
         deltas = keys = batches = quarantined = 0
         busy = [0, 0]
@@ -699,6 +744,10 @@ class Counters:
                 if batch.done:
                     active.remove(unlogged)
         return result()
+
+
+_MAX_TIMEOUT = (2**31 - 1) // 1000
+"""The longest statement timeout PostgreSQL takes, in whole seconds."""
 
 
 def retry_reason(exc: BaseException) -> str:

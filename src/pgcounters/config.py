@@ -57,7 +57,11 @@ def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> Conn:
 def database(
     dsn: str | None = None, data: str | None = None, *, quiet: bool = False
 ) -> Iterator[str]:
-    """Yield a DSN: the one given or configured, else an embedded server's, stopped on exit."""
+    """Yield a DSN: the one given or configured, else an embedded server's, stopped on exit.
+
+    Starting the embedded server is said in one line on stderr, with where its data
+    lives, unless ``quiet``.
+    """
     dsn = dsn or dsn_from_env()
     if dsn:
         yield dsn
@@ -68,8 +72,10 @@ def database(
     if not quiet:
         # a notice, on stderr: stdout stays the command's output (e.g. one JSON object)
         print(
-            f"pgcounters: no PGCOUNTERS_DSN set; using an embedded PostgreSQL in {folder}",
+            "pgcounters: no --dsn, PGCOUNTERS_DSN or DATABASE_URL: starting the embedded "
+            f"PostgreSQL server, its data in {folder}",
             file=sys.stderr,
+            flush=True,
         )
     with running(folder) as server:
         yield server.dsn()

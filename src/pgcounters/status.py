@@ -31,7 +31,7 @@ from pgcounters import schema
 from pgcounters.config import connect
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import PgCountersError, SchemaNotInstalled
+from pgcounters.errors import ConfigurationError, PgCountersError, SchemaNotInstalled
 from pgcounters.sqlfiles import named
 from pgcounters.worker import APPLICATION_NAME
 
@@ -538,7 +538,9 @@ def make_server(dsn: str, host: str = "127.0.0.1", port: int = 9187) -> Threadin
     ``GET /metrics`` serves the Prometheus exposition, ``GET /status.json`` the
     JSON report, ``GET /`` the text report. Every request reads a fresh
     snapshot on its own connection; when PostgreSQL cannot be read,
-    ``/metrics`` still answers, with ``pgcounters_up 0``.
+    ``/metrics`` still answers, with ``pgcounters_up 0``. An address it cannot
+    listen on (unknown host, port in use or out of range) raises
+    :class:`~pgcounters.errors.ConfigurationError`.
     """
 
     class Handler(BaseHTTPRequestHandler):
@@ -578,7 +580,11 @@ def make_server(dsn: str, host: str = "127.0.0.1", port: int = 9187) -> Threadin
         def log_message(self, format: str, *args: Any) -> None:
             logger.debug("%s " + format, self.address_string(), *args)
 
-    return ThreadingHTTPServer((host, port), Handler)
+    try:
+        return ThreadingHTTPServer((host, port), Handler)
+    except (OSError, OverflowError) as exc:
+        # an unknown host, a port in use or out of range: said, not a traceback
+        raise ConfigurationError(f"cannot serve status on {host}:{port}: {exc}") from exc
 
 
 # -- the triggers section: installed vs declared ------------------------------------

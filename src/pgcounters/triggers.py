@@ -369,6 +369,22 @@ def spec(conn: Conn, name: str) -> CounterSpec:
     raise UnknownCounter(f"no counter spec named {name!r} is recorded in this database")
 
 
+def select_declared(conn: Conn, names: Sequence[str] = ()) -> list[CounterSpec]:
+    """The recorded specs named, in the order given, each once; with no names, all of
+    them in name order. An unknown name raises :class:`UnknownCounter` naming every
+    unknown one (and the declared ones), before anything is done with the others."""
+    found = {spec.name: spec for spec in declared(conn)}
+    if not names:
+        return [found[name] for name in sorted(found)]
+    unknown = [name for name in names if name not in found]
+    if unknown:
+        raise UnknownCounter(
+            f"no declared counter named {', '.join(unknown)} is recorded in this database"
+            + (f" (declared: {', '.join(sorted(found))})" if found else "")
+        )
+    return [found[name] for name in dict.fromkeys(names)]
+
+
 def drift(conn: Conn, specs: Iterable[CounterSpec] | None = None) -> list[Drift]:
     """Compare declared specs (default: the recorded ones) with the installed triggers.
 

@@ -40,6 +40,7 @@ from pgcounters import backfill, schema
 from pgcounters.client import Counters, record_retry, retry_reason
 from pgcounters.config import connect, redact
 from pgcounters.connection import Conn
+from pgcounters.dberrors import translated
 from pgcounters.errors import (
     ConfigurationError,
     ConnectionFailed,
@@ -483,3 +484,39 @@ class GracefulSignals:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+# -- wake-ups: the notifications a listening worker wakes on ---------------------------
+
+
+def enable_wakeups(conn: Conn, interval: float = 0.1) -> None:
+    """Install the wake-up triggers on both queues: a commit that queues deltas notifies
+    listening workers (:attr:`WorkerSettings.listen`), at most once per ``interval``
+    seconds, never once per delta. Enabling again changes the interval.
+
+    Runs in a transaction of its own, or in the caller's (a savepoint) when one is open.
+    Raises :class:`ConfigurationError` for an interval that is not a positive number, and
+    :class:`~pgcounters.errors.PgCountersError` (SQLSTATE ``PC006``) for one outside 1 ms to
+    1 hour; :class:`~pgcounters.errors.SchemaError` when the schema is not current.
+    """
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
+        raise ConfigurationError(f"the wake-up interval must be positive, got {interval!r}")
+    with translated(), conn.transaction():
+        schema.check(conn)
+        conn.execute(_ops("enable_wakeups"), {"seconds": interval})
+
+
+def disable_wakeups(conn: Conn) -> bool:
+    """Remove the wake-up triggers (workers keep polling); True if they were installed."""
+    with translated(), conn.transaction():
+        schema.check(conn)
+        row = conn.execute(_ops("disable_wakeups")).fetchone()
+    return bool(row and row[0])
+
+
+def wakeup_interval(conn: Conn) -> float | None:
+    """The wake-up interval in seconds, or None when wake-ups are off."""
+    with translated(), conn.transaction():
+        schema.check(conn)
+        row = conn.execute(_ops("wakeup_interval")).fetchone()
+    return None if row is None or row[0] is None else int(row[0]) / 1000

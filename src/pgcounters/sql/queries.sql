@@ -503,3 +503,11 @@ SELECT name, reason, since, statements FROM pgcounters.stale_counters ORDER BY n
 -- name: set_replica_writes
 -- what a counter does with writes of replica-mode sessions
 SELECT pgcounters.set_replica_writes(%(name)s, %(mode)s)
+
+-- name: statement_timeout
+-- the session's statement timeout, to put it back after a drain that set its own
+SELECT current_setting('statement_timeout');
+
+-- name: set_statement_timeout
+-- set the session's statement timeout (a drain's own, or the one it put aside)
+SELECT set_config('statement_timeout', %(timeout)s, false);

@@ -15,6 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pgcounters import cli
+from pgcounters.cli.types import non_negative_int
 from pgcounters.contrib.django.db import dsn
 from pgcounters.errors import PgCountersError
 
@@ -27,7 +28,7 @@ def _orm_verify_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"{PROG} verify", exit_on_error=False)
     p.add_argument("counter", nargs="*", metavar="COUNTER")
     p.add_argument("--truth", choices=TRUTHS, required=True)
-    p.add_argument("--show", type=int, default=5, metavar="N")
+    p.add_argument("--show", type=non_negative_int, default=5, metavar="N")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -57,9 +58,6 @@ def verify_with_orm(argv: list[str], database: str) -> int:
     except argparse.ArgumentError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return cli.EXIT_USAGE
-    if args.show < 0:
-        print(f"{PROG}: error: --show must be zero or more, got {args.show}", file=sys.stderr)
-        return cli.EXIT_ERROR
     try:
         results = verify_orm(args.counter, using=database)
     except PgCountersError as exc:

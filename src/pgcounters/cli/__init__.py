@@ -1,0 +1,99 @@
+"""The ``pgcounters`` command line. One parser, reused by ``manage.py pgcounters``.
+
+Each group of verbs lives in a module of its own, with a ``configure_<group>(subparsers)``
+adding its verbs: :mod:`~pgcounters.cli.operations` (install, upgrade, version, drain,
+worker, status, wakeup, flush), :mod:`~pgcounters.cli.counters` (create, drop, list,
+backfill, incr, get, top), :mod:`~pgcounters.cli.quotas` (``quota VERB``),
+:mod:`~pgcounters.cli.repair` (verify, recount, ``quarantine VERB``),
+:mod:`~pgcounters.cli.security` (grant) and :mod:`~pgcounters.cli.demos` (demo, bench,
+server). What they share is in :mod:`~pgcounters.cli.common`; the argument types in
+:mod:`~pgcounters.cli.types`.
+
+Exit codes: 0 success; 1 a pgcounters error (the message says which); 2 bad usage (one
+line, before any database is opened); 3 ``drain`` stopped by its bound with deltas still
+queued; 4 ``quota call`` refused the call; 5 ``verify`` found drift; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from pgcounters import __version__
+from pgcounters.cli.common import (
+    EXIT_DRIFT,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_MORE,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    Parser,
+    check_usage,
+    run_verb,
+)
+from pgcounters.cli.counters import configure_counters
+from pgcounters.cli.demos import configure_demos
+from pgcounters.cli.operations import configure_operations, configure_worker_logging
+from pgcounters.cli.quotas import configure_quotas
+from pgcounters.cli.repair import configure_repair, report_verify
+from pgcounters.cli.security import configure_security
+
+__all__ = [
+    "EXIT_DRIFT",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_MORE",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_USAGE",
+    "build_parser",
+    "configure_worker_logging",
+    "main",
+    "report_verify",
+    "run",
+]
+
+
+def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
+    """The argument parser of every pgcounters command (also used by the Django command)."""
+    parser = Parser(
+        prog=prog,
+        description="Exact, fast, deadlock-free counters for PostgreSQL.",
+        epilog="With no --dsn, PGCOUNTERS_DSN or DATABASE_URL, an embedded PostgreSQL is "
+        "started with its data in ./pgcounters-data (or PGCOUNTERS_DATA_DIR).",
+    )
+    parser.add_argument("--version", action="version", version=f"pgcounters {__version__}")
+    parser.add_argument("--dsn", help="PostgreSQL connection string (default: $PGCOUNTERS_DSN)")
+    parser.add_argument("--data-dir", help="data directory of the embedded PostgreSQL")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    configure_operations(sub)
+    configure_counters(sub)
+    configure_quotas(sub)
+    configure_repair(sub)
+    configure_security(sub)
+    configure_demos(sub)
+    return parser
+
+
+def run(argv: Sequence[str] | None = None, *, prog: str = "pgcounters") -> int:
+    """Run one command; return its exit code. Bad usage raises ``SystemExit(2)``, as
+    argparse does, before any database is opened."""
+    args = build_parser(prog).parse_args(argv)
+    check_usage(args)
+    return run_verb(args, prog)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The console script (and ``python -m pgcounters``): run, then exit with the code."""
+    try:
+        code = run(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`pgcounters status | head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_ERROR
+    sys.exit(code)
