@@ -6,9 +6,10 @@ import re
 
 import psycopg
 
-from pgcounters import Counters, sqlfiles
-from pgcounters.bench import SCENARIOS, blog
+from pgcounters import Counters
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench import SCENARIOS, blog
 
 
 def test_the_scenarios_are_registered() -> None:

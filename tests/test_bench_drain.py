@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgcounters.bench import SCENARIOS, drain
+from pgcounters.demos.bench import SCENARIOS, drain
 
 
 def test_the_drain_scenario_is_exact(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pgcounters.bench import SCENARIOS
-from pgcounters.bench.quota import VARIANTS, prepare, run_variant
+from pgcounters.demos.bench import SCENARIOS
+from pgcounters.demos.bench.quota import VARIANTS, prepare, run_variant
 
 
 @pytest.mark.parametrize("clients", [1, 8])

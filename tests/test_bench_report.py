@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pgcounters import bench, cli
-from pgcounters.bench import blog
-from pgcounters.bench.output import PNG_MAGIC
-from pgcounters.bench.report import Measurement, Scenario
+from pgcounters import cli
+from pgcounters.demos import bench
+from pgcounters.demos.bench import blog
+from pgcounters.demos.bench.output import PNG_MAGIC
+from pgcounters.demos.bench.report import Measurement, Scenario
 
 FIGURES = {"median_seconds", "min_seconds", "max_seconds", "rate", "runs", "exact"}
 

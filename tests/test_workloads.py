@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgcounters import workloads
+from pgcounters.demos import workloads
 
 
 @pytest.mark.parametrize("variant", list(workloads.VARIANTS))

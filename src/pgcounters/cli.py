@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
 
-from pgcounters import __version__, demo, schema
+from pgcounters import __version__, schema
 from pgcounters.client import MODES, Counters
 from pgcounters.config import connect, database
 from pgcounters.connection import Conn
@@ -236,11 +236,13 @@ def _cmd_drain(args: argparse.Namespace, dsn: str) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, dsn: str) -> int:
+    from pgcounters.demos import demo
+
     return demo.main(dsn)
 
 
 def _cmd_bench(args: argparse.Namespace, dsn: str) -> int:
-    from pgcounters import bench
+    from pgcounters.demos import bench
 
     unknown = sorted(set(args.scenario) - set(bench.SCENARIOS))
     if unknown:
@@ -301,10 +303,14 @@ def _cmd_flush(args: argparse.Namespace, dsn: str) -> int:
         return EXIT_OK
 
 
-def _scenario_names() -> list[str]:
-    from pgcounters.bench import SCENARIOS
+class _ScenarioHelp(str):
+    """The help of ``bench``'s SCENARIO, ended by the scenario names when argparse formats
+    it (``%``): only then is the bench package imported, so building the parser loads no demo."""
 
-    return list(SCENARIOS)
+    def __mod__(self, value: Any) -> str:
+        from pgcounters.demos.bench import SCENARIOS
+
+        return str.__mod__(self, value) + ", ".join(SCENARIOS)
 
 
 def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
@@ -387,7 +393,7 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
         "scenario",
         nargs="*",
         metavar="SCENARIO",
-        help="scenarios to run (default: all): " + ", ".join(_scenario_names()),
+        help=_ScenarioHelp("scenarios to run (default: all): "),
     )
     p.add_argument("--repeat", type=int, default=3, help="runs of each variant (median reported)")
     p.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")

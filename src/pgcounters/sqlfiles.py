@@ -33,7 +33,11 @@ def queries() -> dict[str, str]:
 @functools.cache
 def named(filename: str) -> dict[str, str]:
     """The ``-- name: x`` blocks of a query file under ``pgcounters/sql``."""
-    text = read(filename)
+    return blocks(read(filename))
+
+
+def blocks(text: str) -> dict[str, str]:
+    """The ``-- name: x`` blocks of SQL text: each name and the statement below it."""
     names = list(_NAME_RE.finditer(text))
     out: dict[str, str] = {}
     for match, following in zip(names, [*names[1:], None], strict=True):

@@ -245,15 +245,6 @@ SELECT EXISTS (SELECT 1 FROM pgcounters.buffer_flushes WHERE flush_id = %(flush_
 -- name: flushes_recorded
 SELECT ARRAY(SELECT flush_id FROM pgcounters.buffer_flushes WHERE flush_id = ANY (%(ids)s::text[]));
 
--- name: seed_unread_rows
-INSERT INTO seed_unread_counts (user_id) SELECT generate_series(0, %(keys)s - 1);
-
--- name: seed_unread_incr
-UPDATE seed_unread_counts SET unread_count = unread_count + %s WHERE user_id = %s;
-
--- name: seed_unread_values
-SELECT user_id, unread_count FROM seed_unread_counts WHERE unread_count <> 0;
-
 -- name: copy_queue
 COPY pgcounters.queue (target_id, key, delta) FROM STDIN;
 

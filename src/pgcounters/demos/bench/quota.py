@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from pgcounters import sqlfiles
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.quotas import Quotas
 from pgcounters.schema import install
 

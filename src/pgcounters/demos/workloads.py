@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from pgcounters import sqlfiles
 from pgcounters.batching import BatchingCounters
 from pgcounters.client import Counters, Mode
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
 from pgcounters.schema import install
 
 Plan = list[list[list[int]]]  # writer -> transaction -> counter indexes

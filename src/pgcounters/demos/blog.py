@@ -29,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgcounters import sqlfiles, triggers
+from pgcounters import triggers
 from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
 from pgcounters.schema import install

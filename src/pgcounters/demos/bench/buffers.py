@@ -36,14 +36,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pgcounters import sqlfiles
 from pgcounters.batching import BatchingCounters
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.redis_buffer import REDIS_URL_VARIABLE, RedisBuffer, connect_redis
 from pgcounters.schema import install
-from pgcounters.sqlfiles import query
 
 COUNTER = "bench.events"
 PREFIX = "pgcounters-bench"
@@ -68,7 +67,7 @@ def redis_for_bench() -> Iterator[str]:
     if configured:
         yield configured
         return
-    from pgcounters.redis_server import EmbeddedRedis
+    from pgcounters.demos.redis_server import EmbeddedRedis
 
     folder = Path(tempfile.mkdtemp(prefix="pgcounters-bench-redis-"))
     try:
@@ -76,6 +75,11 @@ def redis_for_bench() -> Iterator[str]:
             yield server.url()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _query(name: str) -> str:
+    """A statement of ``demos/sql/seed_buffers_ops.sql``."""
+    return sqlfiles.named("seed_buffers_ops.sql")[name]
 
 
 class _Env:
@@ -88,7 +92,7 @@ class _Env:
         self.redis = connect_redis(url)
         install(self.conn)
         self.conn.execute(sqlfiles.read("seed_buffers.sql").encode())
-        self.conn.execute(query("seed_unread_rows"), {"keys": max(KEYS, flush_keys)})
+        self.conn.execute(_query("seed_unread_rows"), {"keys": max(KEYS, flush_keys)})
 
     def reset(self) -> None:
         self.pc.drop_counter(COUNTER)
@@ -102,7 +106,7 @@ class _Env:
         return RedisBuffer(self.dsn, self.redis, name="bench", prefix=PREFIX)
 
     def seed_values(self) -> dict[int, int]:
-        return {int(k): int(v) for k, v in self.conn.execute(query("seed_unread_values"))}
+        return {int(k): int(v) for k, v in self.conn.execute(_query("seed_unread_values"))}
 
     def pgc_values(self, keys: int) -> dict[int, int]:
         return {k: v for k, v in enumerate(self.pc.get_many(COUNTER, range(keys))) if v}
@@ -116,7 +120,7 @@ IncrVariant = Callable[[_Env, list[int]], tuple[float, dict[int, int]]]
 
 
 def _incr_update(env: _Env, plan: list[int]) -> tuple[float, dict[int, int]]:
-    stmt = query("seed_unread_incr")
+    stmt = _query("seed_unread_incr")
     started = time.perf_counter()
     for k in plan:
         env.conn.execute(stmt, (1, k))
@@ -179,7 +183,7 @@ def _flush_seed(env: _Env, keys: int) -> tuple[float, dict[int, int]]:
         for k, v in _flush_values(keys).items():
             pipe.zincrby(SEED_ZSET, v, str(k))
         pipe.execute()
-    stmt = query("seed_unread_incr")
+    stmt = _query("seed_unread_incr")
     started = time.perf_counter()
     # the seed's management command, as published
     members: list[bytes] = env.redis.zrange(SEED_ZSET, 0, -1)  # type: ignore[assignment]

@@ -42,11 +42,12 @@ from collections.abc import Callable, Sequence
 
 from psycopg import sql
 
-from pgcounters import sqlfiles, triggers
-from pgcounters.bench.report import Comparison, Measurement, Scenario
+from pgcounters import triggers
 from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.schema import install
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 

@@ -36,11 +36,11 @@ import time
 from collections import Counter as Tally
 from collections.abc import Iterator
 
-from pgcounters import sqlfiles
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.schema import install
 from pgcounters.worker import APPLICATION_NAME
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pgcounters import workloads
-from pgcounters.bench.report import Comparison, Measurement, Scenario
+from pgcounters.demos import workloads
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 
 HOT_COMPARISONS: tuple[Comparison, ...] = (
     ("raw-queue", "update", None),
