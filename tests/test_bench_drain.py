@@ -13,7 +13,7 @@ def test_the_drain_scenario_is_exact(dsn: str, monkeypatch: pytest.MonkeyPatch) 
     assert set(scenario.runs) == {f"{v} {size}" for v in drain.VARIANTS for size in ("10k", "100k")}
     assert all(r.exact for runs in scenario.runs.values() for r in runs)
     assert scenario.runs["pgcounters 10k"][0].operations == 10_000
-    assert {c["baseline"] for c in scenario.comparisons} >= {"seed-between 10k"}
+    assert {c["baseline"] for c in scenario.comparisons} >= {"reference-between 10k"}
     assert SCENARIOS["drain"] is drain.drain
 
 

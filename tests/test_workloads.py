@@ -1,4 +1,4 @@
-"""The seed workloads of the demo and the benchmarks: every variant counts exactly."""
+"""The reference workloads of the demo and the benchmarks: every variant counts exactly."""
 
 from __future__ import annotations
 

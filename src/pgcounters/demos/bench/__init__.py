@@ -1,4 +1,4 @@
-"""``pgcounters bench``: the seeds' measurements, naive technique and pgcounters in one run.
+"""``pgcounters bench``: the reference techniques and pgcounters measured side by side, in one run.
 
 Each scenario runs every variant ``--repeat`` times, interleaved (variant A, B,
 C, then A, B, C again) so that drift of a shared machine hits all alike, and
