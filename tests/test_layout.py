@@ -9,8 +9,10 @@ commands, so that ``import pgcounters`` and every other command never load them.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ import pytest
 import pgcounters
 
 PACKAGE = Path(pgcounters.__file__).parent
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 DEMOS = "pgcounters.demos"
 # what only the demo and the benchmarks use (charts, a bundled Redis server) and what the
 # library imports only in the command that needs it (the recount's progress bar)
@@ -180,3 +183,18 @@ def test_the_check_finds_a_forbidden_demo_import(source: str, module: str) -> No
 )
 def test_the_check_allows_the_cli_commands_lazy_imports(source: str, module: str) -> None:
     assert demo_imports(source, module) == []
+
+
+def _packaged(path: str, pattern: str) -> bool:
+    """Whether setuptools' package-data ``pattern`` takes ``path`` (``*`` stays in a folder)."""
+    parts, globs = path.split("/"), pattern.split("/")
+    return len(parts) == len(globs) and all(map(fnmatch.fnmatchcase, parts, globs))
+
+
+def test_every_sql_file_of_the_library_and_the_demos_is_packaged() -> None:
+    config = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
+    patterns = config["tool"]["setuptools"]["package-data"]["pgcounters"]
+    files = [path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.sql")]
+    assert {"sql/queries.sql", "demos/sql/reference_queue.sql"} <= set(files)
+    assert [f for f in files if not any(_packaged(f, p) for p in patterns)] == []
+    assert not _packaged("sql/extra/x.sql", "sql/*.sql")
