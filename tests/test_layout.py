@@ -19,6 +19,8 @@ import pytest
 
 import pgcounters
 
+pytestmark = pytest.mark.fast
+
 PACKAGE = Path(pgcounters.__file__).parent
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 DEMOS = "pgcounters.demos"
