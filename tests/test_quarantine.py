@@ -15,8 +15,6 @@ from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidKey
 from pgcounters.keys import BIGINT_MAX
 
-pytestmark = pytest.mark.fast
-
 ENQUEUE = "INSERT INTO pgcounters.{} (target_id, key, delta) VALUES (%s, %s, %s)"
 
 
