@@ -1,6 +1,6 @@
 -- The blog of `pgcounters demo`, in its own schema so
 -- that each run starts from nothing. Counter columns start at 0; the demo's
--- counters (declared in pgcounters/demo_blog.py) keep them from the first row on.
+-- counters (declared in pgcounters/demos/blog.py) keep them from the first row on.
 DROP SCHEMA IF EXISTS demo_blog CASCADE;
 CREATE SCHEMA demo_blog;
 
