@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test check lint typecheck pytest bench clean mutation-check
+.PHONY: demo test test-fast check lint typecheck pytest bench clean mutation-check
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("pgcounters needs Python 3.11+" if sys.version_info < (3, 11) else 0)'
@@ -21,6 +21,11 @@ demo: $(STAMP)
 
 # the whole suite: lint, strict typing (tests included), then the tests
 test: check pytest
+
+# the fast lane while you work (under a minute): lint, then the tests marked `fast`;
+# `make test` stays the whole suite, the one CI runs
+test-fast: lint
+	$(BIN)/pytest -m "fast and not slow" $(PYTEST_ARGS)
 
 check: lint typecheck
 

@@ -6,9 +6,10 @@ import re
 
 import psycopg
 
-from pgcounters import Counters, sqlfiles
-from pgcounters.bench import SCENARIOS, blog
+from pgcounters import Counters
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench import SCENARIOS, blog
 
 
 def test_the_scenarios_are_registered() -> None:
@@ -24,7 +25,7 @@ def test_trigger_overhead_is_exact_with_and_without_foreign_keys(dsn: str) -> No
     for variant, runs in scenario.runs.items():
         assert [r.exact for r in runs] == [True], variant
         assert runs[0].operations == 600
-    # 400 public comments: the seed's trigger queues two deltas each, pgcounters one per
+    # 400 public comments: the reference trigger queues two deltas each, pgcounters one per
     # article and one per user the statement touched (the scenario's spread over 1000 of each,
     # computed here from its formula: every public comment has an article and a user of its own)
     public = [g for g in range(1, 601) if g % 3]
@@ -32,37 +33,37 @@ def test_trigger_overhead_is_exact_with_and_without_foreign_keys(dsn: str) -> No
         {1 + g * 104729 % 1000 for g in public}
     )
     assert touched == 800
-    assert scenario.runs["row trigger (seed)"][0].extra["queued deltas"] == 800
+    assert scenario.runs["row trigger (reference)"][0].extra["queued deltas"] == 800
     assert scenario.runs["pgcounters"][0].extra["queued deltas"] == touched
     assert scenario.runs["no counters"][0].extra["queued deltas"] == 0
     head = scenario.headline_comparison()
     assert head is not None
     assert (head["variant"], head["baseline"], head["target"]) == (
         "pgcounters",
-        "row trigger (seed)",
+        "row trigger (reference)",
         3.0,
     )
     assert len(scenario.comparisons) == len(blog.TRIGGER_COMPARISONS)
     with psycopg.connect(dsn) as conn:  # the scenario removes what it created
-        assert conn.execute("SELECT to_regnamespace('seed000')").fetchone() == (None,)
+        assert conn.execute("SELECT to_regnamespace('reference_blog')").fetchone() == (None,)
 
 
 def test_the_exactness_check_sees_a_wrong_count(conn: Conn) -> None:
     blog.prepare(conn, 20, 30)
-    for table in (blog.SEED, blog.PGC):
+    for table in (blog.REFERENCE, blog.PGC):
         conn.execute(
             blog.q("insert_comments", table), {"users": 20, "articles": 30, "first": 1, "last": 90}
         )
-    # pgcounters' counts arrive with the drain, the seed's with its queue function
+    # pgcounters' counts arrive with the drain, the reference with its queue function
     assert blog.mismatches(conn, blog.PGC) > 0
     Counters(conn).drain()
     assert blog.mismatches(conn, blog.PGC) == 0
     conn.execute(blog.q("reset_article_counts"))
     conn.execute(blog.q("reset_user_counts"))
-    blog.drain_seed(conn, limit=7)
-    assert blog.mismatches(conn, blog.SEED) == 0
-    conn.execute("UPDATE seed000.blog_article SET total_public_comments = 99 WHERE id = 3")
-    assert blog.mismatches(conn, blog.SEED) == 1
+    blog.drain_reference(conn, limit=7)
+    assert blog.mismatches(conn, blog.REFERENCE) == 0
+    conn.execute("UPDATE reference_blog.blog_article SET total_public_comments = 99 WHERE id = 3")
+    assert blog.mismatches(conn, blog.REFERENCE) == 1
     blog.cleanup(conn)
 
 
@@ -79,7 +80,7 @@ def test_exact_read_reads_every_value_right(dsn: str) -> None:
     assert set(scenario.runs) == set(blog.READ_VARIANTS)
     assert all(r.exact for runs in scenario.runs.values() for r in runs)
     assert scenario.runs["exact"][0].operations == 40
-    assert scenario.runs["count(*) (seed)"][0].operations == 10
+    assert scenario.runs["count(*) (reference)"][0].operations == 10
     document = scenario.as_json()
     assert document["headline"] == "exact vs stored"
     assert document["target"] == 0.5
@@ -106,7 +107,7 @@ def test_the_annotate_query_is_what_django_generates() -> None:
     django_tail = django_sql[django_sql.index("COUNT(") :]
     ours_tail = ours[ours.index("COUNT(") :]
     ours_tail = (
-        ours_tail.replace('"seed000"."blog_article"', '"blog_article"')
+        ours_tail.replace('"reference_blog"."blog_article"', '"blog_article"')
         .replace('{comments} AS "blog_comment"', '"blog_comment"')
         .replace("'public'", "public")
         .replace("ORDER BY 4 DESC", "ORDER BY 5 DESC")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pgcounters.bench import SCENARIOS
-from pgcounters.bench.buffers import COMPARISONS, FLUSH_VARIANTS, INCR_VARIANTS, redis_buffer
+from pgcounters.demos.bench import SCENARIOS
+from pgcounters.demos.bench.buffers import COMPARISONS, FLUSH_VARIANTS, INCR_VARIANTS, redis_buffer
 
 
 def test_the_scenario_is_registered() -> None:

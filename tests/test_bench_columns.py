@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pgcounters.bench import SCENARIOS, columns
+from pgcounters.demos.bench import SCENARIOS, columns
 
 
 def test_the_guard_scenario_is_exact(dsn: str) -> None:

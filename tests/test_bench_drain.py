@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgcounters.bench import SCENARIOS, drain
+from pgcounters.demos.bench import SCENARIOS, drain
 
 
 def test_the_drain_scenario_is_exact(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -13,7 +13,7 @@ def test_the_drain_scenario_is_exact(dsn: str, monkeypatch: pytest.MonkeyPatch) 
     assert set(scenario.runs) == {f"{v} {size}" for v in drain.VARIANTS for size in ("10k", "100k")}
     assert all(r.exact for runs in scenario.runs.values() for r in runs)
     assert scenario.runs["pgcounters 10k"][0].operations == 10_000
-    assert {c["baseline"] for c in scenario.comparisons} >= {"seed-between 10k"}
+    assert {c["baseline"] for c in scenario.comparisons} >= {"reference-between 10k"}
     assert SCENARIOS["drain"] is drain.drain
 
 

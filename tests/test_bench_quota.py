@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pgcounters.bench import SCENARIOS
-from pgcounters.bench.quota import VARIANTS, prepare, run_variant
+from pgcounters.demos.bench import SCENARIOS
+from pgcounters.demos.bench.quota import VARIANTS, prepare, run_variant
 
 
 @pytest.mark.parametrize("clients", [1, 8])
@@ -23,5 +23,5 @@ def test_the_scenario_is_registered_and_reports_ratios(dsn: str) -> None:
     assert set(scenario.runs) == {*VARIANTS, *(f"hot8-{v}" for v in VARIANTS)}
     assert all(m.exact for runs in scenario.runs.values() for m in runs)
     targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
-    assert targets[("pgcounters", "seed")] == 2.0
-    assert "| pgcounters | seed |" in scenario.table()
+    assert targets[("pgcounters", "reference")] == 2.0
+    assert "| pgcounters | reference |" in scenario.table()

@@ -8,20 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from pgcounters import bench, cli
-from pgcounters.bench import blog
-from pgcounters.bench.output import PNG_MAGIC
-from pgcounters.bench.report import Measurement, Scenario
+from pgcounters import cli
+from pgcounters.demos import bench
+from pgcounters.demos.bench import blog
+from pgcounters.demos.bench.output import PNG_MAGIC
+from pgcounters.demos.bench.report import Measurement, Scenario
 
 FIGURES = {"median_seconds", "min_seconds", "max_seconds", "rate", "runs", "exact"}
 
 
 def _scenario(headline: tuple[str, str] | None = None) -> Scenario:
     scenario = Scenario("s", "made-up figures", unit="reads", headline=headline)
-    scenario.add("seed", Measurement(2.0, 10))
+    scenario.add("reference", Measurement(2.0, 10))
     scenario.add("pgcounters", Measurement(1.0, 100))  # 100x fewer seconds per read
     scenario.add("other", Measurement(1.0, 10))
-    scenario.compare([("other", "seed", None), ("pgcounters", "seed", 50.0)])
+    scenario.compare([("other", "reference", None), ("pgcounters", "reference", 50.0)])
     return scenario
 
 
@@ -29,12 +30,12 @@ def test_ratios_compare_time_per_operation_and_pick_the_headline() -> None:
     document = _scenario().as_json()
     # no headline named: the first comparison with a target
     assert (document["ratio"], document["target"], document["met"]) == (20.0, 50.0, False)
-    assert document["headline"] == "pgcounters vs seed"
+    assert document["headline"] == "pgcounters vs reference"
     assert [c["ratio"] for c in _scenario().comparisons] == [2.0, 20.0]
     assert document["ratios"] == _scenario().comparisons
-    named = _scenario(("other", "seed")).as_json()
+    named = _scenario(("other", "reference")).as_json()
     assert (named["ratio"], named["target"], named["met"]) == (2.0, None, None)
-    assert "Headline: other vs seed: 2.0x." in _scenario(("other", "seed")).table()
+    assert "Headline: other vs reference: 2.0x." in _scenario(("other", "reference")).table()
 
 
 def test_an_inexact_run_is_refused() -> None:
@@ -81,7 +82,7 @@ def test_a_quick_run_prints_one_json_object_and_writes_the_files(
     for name in ("top-n", "exact-read"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
     report = (out / "results.md").read_text()
-    assert "| top-n | counter column vs annotate(Count) (seed) |" in report
+    assert "| top-n | counter column vs annotate(Count) (reference) |" in report
     assert "![exact-read](./exact-read.png)" in report
     assert "![top-n](../results/top-n.png)" in md.read_text()
     assert "results written to" in printed.err

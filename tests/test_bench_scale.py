@@ -3,7 +3,7 @@ value (not speed)."""
 
 from __future__ import annotations
 
-from pgcounters.bench import SCENARIOS, cluster, replica
+from pgcounters.demos.bench import SCENARIOS, cluster, replica
 
 
 def test_the_scenarios_are_registered() -> None:

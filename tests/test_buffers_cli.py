@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pgcounters import Counters, cli
+from pgcounters.demos.redis_server import EmbeddedRedis, free_port
 from pgcounters.redis_buffer import RedisBuffer
-from pgcounters.redis_server import EmbeddedRedis, free_port
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ import pytest
 
 from pgcounters import cli
 
+pytestmark = pytest.mark.fast
+
 
 def run(capsys: pytest.CaptureFixture[str], dsn: str, *args: str) -> tuple[int, str, str]:
     code = cli.run(["--dsn", dsn, *args])

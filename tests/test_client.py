@@ -9,6 +9,8 @@ import pytest
 from pgcounters import Counters
 from pgcounters.connection import Conn
 
+pytestmark = pytest.mark.fast
+
 
 def test_global_counter_queued(pc: Counters) -> None:
     pc.create_counter("users.total")

@@ -8,7 +8,9 @@ import psycopg
 import pytest
 
 import truth
-from pgcounters import Counters, demo, demo_blog
+from pgcounters import Counters
+from pgcounters.demos import blog as demo_blog
+from pgcounters.demos import demo
 from pgcounters.quotas import Quotas
 from support import tamper
 

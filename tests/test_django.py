@@ -18,7 +18,7 @@ from pgcounters.contrib.django import Exact
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.pagination import EstimatedCountPaginator, estimated_count
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.fast]
 
 
 def truth() -> list[tuple[int, int]]:

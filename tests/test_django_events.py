@@ -15,8 +15,8 @@ from django.test import Client, override_settings
 from pgcounters import Counters
 from pgcounters.contrib.django import events
 from pgcounters.contrib.django.db import psycopg_connection
+from pgcounters.demos.redis_server import EmbeddedRedis
 from pgcounters.errors import ConfigurationError, InvalidKey, UnknownCounter
-from pgcounters.redis_server import EmbeddedRedis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from members.models import Post, posts_per_user
 from pgcounters.contrib.django import counters
 from pgcounters.errors import InvalidKey
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.fast]
 
 PER_USER = posts_per_user
 

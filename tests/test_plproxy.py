@@ -294,8 +294,8 @@ def test_concurrent_load_on_the_proxy_matches_the_truth(
 
 
 def test_the_sharded_bench_scenario_is_exact_and_runs_only_when_named(dsn: str) -> None:
-    from pgcounters import bench
-    from pgcounters.bench.sharded import VARIANTS, sharded
+    from pgcounters.demos import bench
+    from pgcounters.demos.bench.sharded import VARIANTS, sharded
 
     assert "sharded" in bench.SCENARIOS
     assert "sharded" in bench.ON_REQUEST

@@ -16,9 +16,9 @@ import pytest
 
 from pgcounters import Counters
 from pgcounters.connection import Conn
+from pgcounters.demos.redis_server import EmbeddedRedis, free_port
 from pgcounters.errors import BufferFlushFailed, ConfigurationError, RedisUnavailable
 from pgcounters.redis_buffer import RedisBuffer, redis_url
-from pgcounters.redis_server import EmbeddedRedis, free_port
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from redis.retry import Retry
 
 from pgcounters import Counters
 from pgcounters.connection import Conn
+from pgcounters.demos.redis_server import EmbeddedRedisCluster
 from pgcounters.errors import ConfigurationError, RedisUnavailable
 from pgcounters.redis_buffer import RedisBuffer, connect_redis
-from pgcounters.redis_server import EmbeddedRedisCluster
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from pgcounters import (
 )
 from pgcounters.connection import Conn
 
+pytestmark = pytest.mark.fast
+
 
 def test_install_is_idempotent_and_records_the_version(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:

@@ -1,10 +1,10 @@
-"""The seed workloads of the demo and the benchmarks: every variant counts exactly."""
+"""The reference workloads of the demo and the benchmarks: every variant counts exactly."""
 
 from __future__ import annotations
 
 import pytest
 
-from pgcounters import workloads
+from pgcounters.demos import workloads
 
 
 @pytest.mark.parametrize("variant", list(workloads.VARIANTS))

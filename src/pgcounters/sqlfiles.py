@@ -50,17 +50,21 @@ def queries() -> dict[str, str]:
 def named(filename: str) -> dict[str, str]:
     """The ``-- name: x`` blocks of a query file under ``pgcounters/sql``: each block's SQL,
     without the comment lines that open it (its description)."""
-    return {name: sql for name, (_, sql) in _blocks(filename).items()}
+    return blocks(read(filename))
 
 
 @functools.cache
 def descriptions(filename: str) -> dict[str, str]:
     """The description of each ``-- name: x`` block: the comment lines that open it."""
-    return {name: description for name, (description, _) in _blocks(filename).items()}
+    return {name: description for name, (description, _) in _blocks(read(filename)).items()}
 
 
-def _blocks(filename: str) -> dict[str, tuple[str, str]]:
-    text = read(filename)
+def blocks(text: str) -> dict[str, str]:
+    """The ``-- name: x`` blocks of SQL text: each name and the statement below it."""
+    return {name: sql for name, (_, sql) in _blocks(text).items()}
+
+
+def _blocks(text: str) -> dict[str, tuple[str, str]]:
     names = list(_NAME_RE.finditer(text))
     out: dict[str, tuple[str, str]] = {}
     for match, following in zip(names, [*names[1:], None], strict=True):

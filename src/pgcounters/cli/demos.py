@@ -15,7 +15,7 @@ from pgcounters.cli.types import positive_int
 
 
 def _scenarios() -> list[str]:
-    from pgcounters.bench import SCENARIOS
+    from pgcounters.demos.bench import SCENARIOS
 
     return list(SCENARIOS)
 
@@ -39,13 +39,13 @@ class _ScenarioHelp(argparse.HelpFormatter):
 
 
 def _cmd_demo(args: argparse.Namespace, dsn: str) -> int:
-    from pgcounters import demo
+    from pgcounters.demos import demo
 
     return demo.main(dsn)
 
 
 def _cmd_bench(args: argparse.Namespace, dsn: str) -> int:
-    from pgcounters import bench
+    from pgcounters.demos import bench
 
     return bench.main(
         dsn,

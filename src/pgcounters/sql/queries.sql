@@ -342,18 +342,6 @@ SELECT ({exact}), ({flushes});
 -- which of some flushes are recorded
 SELECT ARRAY(SELECT flush_id FROM pgcounters.buffer_flushes WHERE flush_id = ANY (%(ids)s::text[]));
 
--- name: seed_unread_rows
--- the unread-counts workload: one row per user
-INSERT INTO seed_unread_counts (user_id) SELECT generate_series(0, %(keys)s - 1);
-
--- name: seed_unread_incr
--- the unread-counts workload, the naive way: one UPDATE of the user's row
-UPDATE seed_unread_counts SET unread_count = unread_count + %s WHERE user_id = %s;
-
--- name: seed_unread_values
--- the unread-counts workload: the counts kept the naive way
-SELECT user_id, unread_count FROM seed_unread_counts WHERE unread_count <> 0;
-
 -- name: copy_queue
 -- many deltas into the logged queue at once
 COPY pgcounters.queue (target_id, key, delta) FROM STDIN;

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.schema import install
 

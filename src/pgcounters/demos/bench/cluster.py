@@ -15,11 +15,11 @@ import time
 from collections import Counter as Tally
 from pathlib import Path
 
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
+from pgcounters.demos.redis_server import EmbeddedRedis, EmbeddedRedisCluster
 from pgcounters.redis_buffer import RedisBuffer
-from pgcounters.redis_server import EmbeddedRedis, EmbeddedRedisCluster
 from pgcounters.schema import install
 
 COUNTER = "bench.cluster"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgcounters.bench.report import Scenario
+from pgcounters.demos.bench.report import Scenario
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _COLORS = {"headline": "#1f77b4", "baseline": "#7f7f7f", "other": "#aec7e8"}

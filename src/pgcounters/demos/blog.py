@@ -1,7 +1,7 @@
 """The blog under a concurrent mixed load: the second half of ``pgcounters demo``.
 
-The seeds' blog (000/001: public comments per article and per user; 003:
-unread notifications per user; a global number of users) in plain SQL, its
+The reference blog (public comments per article and per user, unread
+notifications per user, a global number of users) in plain SQL, its
 counters declared with :class:`~pgcounters.specs.CounterSpec` and installed as
 statement-level triggers. Then, for a while, at the same time:
 
@@ -29,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgcounters import sqlfiles, triggers
+from pgcounters import triggers
 from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
 from pgcounters.quotas import Quotas
 from pgcounters.recount import recount, verify
 from pgcounters.schema import install
@@ -201,10 +202,10 @@ def setup(dsn: str, sizes: Sizes) -> None:
             triggers.uninstall(conn, spec.name, drop_values=True)
         conn.execute(sqlfiles.read("demo_blog.sql").encode())
         triggers.install(conn, specs())
-        conn.execute(ops["seed_users"], {"n": sizes.users})
-        conn.execute(ops["seed_articles"], {"n": sizes.articles})
+        conn.execute(ops["fill_users"], {"n": sizes.users})
+        conn.execute(ops["fill_articles"], {"n": sizes.articles})
         conn.execute(
-            ops["seed_comments"],
+            ops["fill_comments"],
             {
                 "n": sizes.comments,
                 "articles": sizes.articles,
@@ -370,7 +371,7 @@ class _Load:
                 conn.execute(q["add_users_bulk"], {"n": rng.randint(2, 20)})
                 counts["user: add, bulk"] += 1
             else:
-                cur = conn.execute(q["delete_newcomer"], {"seeded": self.sizes.users})
+                cur = conn.execute(q["delete_newcomer"], {"initial": self.sizes.users})
                 counts["user: delete"] += cur.rowcount
             time.sleep(0.01 + self.sizes.pause)
         self.tally(counts)
@@ -569,7 +570,7 @@ def check(
 def main(dsn: str, seconds: float = 30.0) -> int:
     """Run the blog part of the demo and print its summary; 0 when everything is exact."""
     print(
-        "\nThe blog (seeds 000, 001, 003) under a concurrent mixed load: comments added, moved,"
+        "\nThe blog under a concurrent mixed load: comments added, moved,"
         "\npublished, unpublished and deleted; notifications created, read and deleted; users"
         "\nadded; quota calls; a worker draining; a recount halfway."
     )

@@ -23,10 +23,10 @@ import psycopg
 from psycopg import sql
 
 from pgcounters import backfill, triggers
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.recount import recount
 from pgcounters.schema import install
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, Table

@@ -1,24 +1,24 @@
-"""Seeds 003 and 004 from the application's side: increments from one Python process.
+"""The reference techniques from the application's side: increments from one Python process.
 
 Increments (the same random sequence over ``KEYS`` keys for every variant, one
 thread, one connection):
 
-* ``incr: update (seed)``: ``UPDATE ... SET n = n + 1`` per increment, autocommit
-  (the naive way both seeds start from);
+* ``incr: update (reference)``: ``UPDATE ... SET n = n + 1`` per increment, autocommit
+  (the naive way both reference techniques start from);
 * ``incr: direct queue``: :meth:`Counters.incr`, one INSERT into the queue each;
 * ``incr: batching``: :class:`BatchingCounters`, timed up to ``close()`` (so the
   time includes writing everything to PostgreSQL);
-* ``incr: zincrby (seed 003)``: the seed's ``ZINCRBY`` into a Redis sorted set;
+* ``incr: zincrby (reference)``: the reference ``ZINCRBY`` into a Redis sorted set;
 * ``incr: redis buffer``: :class:`RedisBuffer` (one script call to Redis each).
 
 Flushes of ``flush_keys`` distinct pending keys from Redis to PostgreSQL:
 
-* ``flush: seed 003 loop``: the seed's command: per key a ``ZSCORE``+``ZREM``
+* ``flush: reference loop``: the reference management command: per key a ``ZSCORE``+``ZREM``
   transaction and an ``UPDATE``;
 * ``flush: redis buffer``: :meth:`RedisBuffer.flush` (one atomic take, one
   database transaction writing the deltas to the queue);
 * ``flush: redis buffer + drain``: the same plus draining the queue, so the
-  values end where the seed's loop puts them.
+  values end where the reference loop puts them.
 
 Every run checks every total exactly.
 """
@@ -36,28 +36,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pgcounters import sqlfiles
 from pgcounters.batching import BatchingCounters
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.redis_buffer import REDIS_URL_VARIABLE, RedisBuffer, connect_redis
 from pgcounters.schema import install
-from pgcounters.sqlfiles import query
 
 COUNTER = "bench.events"
 PREFIX = "pgcounters-bench"
-SEED_ZSET = PREFIX + ":seed003:pending"
+REFERENCE_ZSET = PREFIX + ":reference:pending"
 KEYS = 100
 
 COMPARISONS: tuple[Comparison, ...] = (
-    ("incr: direct queue", "incr: update (seed)", None),
-    ("incr: batching", "incr: update (seed)", 10.0),
+    ("incr: direct queue", "incr: update (reference)", None),
+    ("incr: batching", "incr: update (reference)", 10.0),
     ("incr: batching", "incr: direct queue", None),
     ("incr: redis buffer", "incr: direct queue", None),
-    ("incr: redis buffer", "incr: zincrby (seed 003)", 0.9),
-    ("flush: redis buffer", "flush: seed 003 loop", None),
-    ("flush: redis buffer + drain", "flush: seed 003 loop", None),
+    ("incr: redis buffer", "incr: zincrby (reference)", 0.9),
+    ("flush: redis buffer", "flush: reference loop", None),
+    ("flush: redis buffer + drain", "flush: reference loop", None),
 )
 
 
@@ -68,7 +67,7 @@ def redis_for_bench() -> Iterator[str]:
     if configured:
         yield configured
         return
-    from pgcounters.redis_server import EmbeddedRedis
+    from pgcounters.demos.redis_server import EmbeddedRedis
 
     folder = Path(tempfile.mkdtemp(prefix="pgcounters-bench-redis-"))
     try:
@@ -76,6 +75,11 @@ def redis_for_bench() -> Iterator[str]:
             yield server.url()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _query(name: str) -> str:
+    """A statement of ``demos/sql/reference_buffers_ops.sql``."""
+    return sqlfiles.named("reference_buffers_ops.sql")[name]
 
 
 class _Env:
@@ -87,13 +91,15 @@ class _Env:
         self.pc = Counters(self.conn)
         self.redis = connect_redis(url)
         install(self.conn)
-        self.conn.execute(sqlfiles.read("seed_buffers.sql").encode())
-        self.conn.execute(query("seed_unread_rows"), {"keys": max(KEYS, flush_keys)})
+        self.conn.execute(sqlfiles.read("reference_buffers.sql").encode())
+        self.conn.execute(_query("reference_unread_rows"), {"keys": max(KEYS, flush_keys)})
 
     def reset(self) -> None:
         self.pc.drop_counter(COUNTER)
         self.pc.create_counter(COUNTER, key=int)
-        self.conn.execute("UPDATE seed_unread_counts SET unread_count = 0 WHERE unread_count <> 0")
+        self.conn.execute(
+            "UPDATE reference_unread_counts SET unread_count = 0 WHERE unread_count <> 0"
+        )
         stale = list(self.redis.scan_iter(match=PREFIX + ":*", count=1000))
         if stale:
             self.redis.delete(*stale)
@@ -101,8 +107,8 @@ class _Env:
     def buffer(self) -> RedisBuffer:
         return RedisBuffer(self.dsn, self.redis, name="bench", prefix=PREFIX)
 
-    def seed_values(self) -> dict[int, int]:
-        return {int(k): int(v) for k, v in self.conn.execute(query("seed_unread_values"))}
+    def reference_values(self) -> dict[int, int]:
+        return {int(k): int(v) for k, v in self.conn.execute(_query("reference_unread_values"))}
 
     def pgc_values(self, keys: int) -> dict[int, int]:
         return {k: v for k, v in enumerate(self.pc.get_many(COUNTER, range(keys))) if v}
@@ -116,11 +122,11 @@ IncrVariant = Callable[[_Env, list[int]], tuple[float, dict[int, int]]]
 
 
 def _incr_update(env: _Env, plan: list[int]) -> tuple[float, dict[int, int]]:
-    stmt = query("seed_unread_incr")
+    stmt = _query("reference_unread_incr")
     started = time.perf_counter()
     for k in plan:
         env.conn.execute(stmt, (1, k))
-    return time.perf_counter() - started, env.seed_values()
+    return time.perf_counter() - started, env.reference_values()
 
 
 def _incr_direct(env: _Env, plan: list[int]) -> tuple[float, dict[int, int]]:
@@ -144,9 +150,9 @@ def _incr_batching(env: _Env, plan: list[int]) -> tuple[float, dict[int, int]]:
 def _incr_zincrby(env: _Env, plan: list[int]) -> tuple[float, dict[int, int]]:
     started = time.perf_counter()
     for k in plan:
-        env.redis.zincrby(SEED_ZSET, 1, str(k))
+        env.redis.zincrby(REFERENCE_ZSET, 1, str(k))
     seconds = time.perf_counter() - started
-    scores: list[tuple[Any, float]] = env.redis.zrange(SEED_ZSET, 0, -1, withscores=True)  # type: ignore[assignment]
+    scores: list[tuple[Any, float]] = env.redis.zrange(REFERENCE_ZSET, 0, -1, withscores=True)  # type: ignore[assignment]
     return seconds, {int(m): int(s) for m, s in scores}
 
 
@@ -162,10 +168,10 @@ def _incr_redis(env: _Env, plan: list[int]) -> tuple[float, dict[int, int]]:
 
 
 INCR_VARIANTS: dict[str, IncrVariant] = {
-    "incr: update (seed)": _incr_update,
+    "incr: update (reference)": _incr_update,
     "incr: direct queue": _incr_direct,
     "incr: batching": _incr_batching,
-    "incr: zincrby (seed 003)": _incr_zincrby,
+    "incr: zincrby (reference)": _incr_zincrby,
     "incr: redis buffer": _incr_redis,
 }
 
@@ -174,25 +180,25 @@ def _flush_values(keys: int) -> dict[int, int]:
     return {k: k % 5 + 1 for k in range(keys)}
 
 
-def _flush_seed(env: _Env, keys: int) -> tuple[float, dict[int, int]]:
+def _flush_reference(env: _Env, keys: int) -> tuple[float, dict[int, int]]:
     with env.redis.pipeline(transaction=False) as pipe:
         for k, v in _flush_values(keys).items():
-            pipe.zincrby(SEED_ZSET, v, str(k))
+            pipe.zincrby(REFERENCE_ZSET, v, str(k))
         pipe.execute()
-    stmt = query("seed_unread_incr")
+    stmt = _query("reference_unread_incr")
     started = time.perf_counter()
-    # the seed's management command, as published
-    members: list[bytes] = env.redis.zrange(SEED_ZSET, 0, -1)  # type: ignore[assignment]
+    # the reference management command, as published
+    members: list[bytes] = env.redis.zrange(REFERENCE_ZSET, 0, -1)  # type: ignore[assignment]
     for member in members:
         with env.redis.pipeline() as pipe:
-            pipe.zscore(SEED_ZSET, member)
-            pipe.zrem(SEED_ZSET, member)
+            pipe.zscore(REFERENCE_ZSET, member)
+            pipe.zrem(REFERENCE_ZSET, member)
             count, _ = pipe.execute()
         count = int(count)
         if not count:
             continue
         env.conn.execute(stmt, (count, int(member)))
-    return time.perf_counter() - started, env.seed_values()
+    return time.perf_counter() - started, env.reference_values()
 
 
 def _fill_buffer(env: _Env, buf: RedisBuffer, keys: int) -> None:
@@ -218,7 +224,7 @@ def _flush_pgc(env: _Env, keys: int, *, drain: bool) -> tuple[float, dict[int, i
 
 FlushVariant = Callable[[_Env, int], tuple[float, dict[int, int]]]
 FLUSH_VARIANTS: dict[str, FlushVariant] = {
-    "flush: seed 003 loop": _flush_seed,
+    "flush: reference loop": _flush_reference,
     "flush: redis buffer": lambda env, keys: _flush_pgc(env, keys, drain=False),
     "flush: redis buffer + drain": lambda env, keys: _flush_pgc(env, keys, drain=True),
 }
@@ -241,7 +247,7 @@ def redis_buffer(
         "to PostgreSQL (operations = keys).",
         unit="operations",
     )
-    scenario.headline = ("incr: redis buffer", "incr: zincrby (seed 003)")
+    scenario.headline = ("incr: redis buffer", "incr: zincrby (reference)")
     rng = random.Random(3)
     plan = [rng.randrange(KEYS) for _ in range(increments)]
     expected = dict(Tally(plan))

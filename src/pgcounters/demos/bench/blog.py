@@ -1,6 +1,6 @@
-"""Seeds 000/001's blog: trigger overhead, top-N by a counter, exact reads.
+"""The reference blog: trigger overhead, top-N by a counter, exact reads.
 
-All three run on the seed's blog (``sql/seed_blog.sql``, schema ``seed000``):
+All three run on the reference blog (``sql/reference_blog.sql``, schema ``reference_blog``):
 users, articles and comments with a ``publish_status``, as Django creates the
 tables. Two counters are declared the pgcounters way, as :class:`CounterSpec`
 objects installed with :func:`pgcounters.triggers.install`: public comments per
@@ -11,7 +11,7 @@ with ``--quick``), two in three public, into a comment table (the indexes
 Django creates; then again with its deferred foreign keys, variants ``+fk``) with
 
 * ``no counters`` (``blog_comment_plain``);
-* ``row trigger (seed)``: the seed's row-level trigger, two queue INSERTs per
+* ``row trigger (reference)``: the reference row-level trigger, two queue INSERTs per
   public comment (``blog_comment``);
 * ``pgcounters``: pgcounters' statement-level triggers for the two counters,
   queued mode (``blog_comment_pgc``): one delta per article and per user.
@@ -42,43 +42,46 @@ from collections.abc import Callable, Sequence
 
 from psycopg import sql
 
-from pgcounters import sqlfiles, triggers
-from pgcounters.bench.report import Comparison, Measurement, Scenario
+from pgcounters import triggers
 from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.schema import install
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 
-SCHEMA = "seed000"
-PLAIN, SEED, PGC = "blog_comment_plain", "blog_comment", "blog_comment_pgc"
+SCHEMA = "reference_blog"
+PLAIN, REFERENCE, PGC = "blog_comment_plain", "blog_comment", "blog_comment_pgc"
 ARTICLE_COUNTER = "bench.blog.article.public_comments"
 USER_COUNTER = "bench.blog.user.public_comments"
 NAMED_COUNTER = "bench.blog.article.public_named"
 PUBLIC = Fragment("publish_status = %s", ("public",))
 
-TRIGGER_VARIANTS = ("no counters", "row trigger (seed)", "pgcounters")
-TRIGGER_TABLES = dict(zip(TRIGGER_VARIANTS, (PLAIN, SEED, PGC), strict=True))
+TRIGGER_VARIANTS = ("no counters", "row trigger (reference)", "pgcounters")
+TRIGGER_TABLES = dict(zip(TRIGGER_VARIANTS, (PLAIN, REFERENCE, PGC), strict=True))
 FK = " +fk"  # suffix of the variants run with Django's foreign key constraints
 TRIGGER_COMPARISONS: tuple[Comparison, ...] = tuple(
     c
     for shape in ("", FK)
     for c in (
-        (f"pgcounters{shape}", f"row trigger (seed){shape}", 3.0),
+        (f"pgcounters{shape}", f"row trigger (reference){shape}", 3.0),
         # "costs at most 1.25x the insert with no counters": time ratio >= 1 / 1.25
         (f"pgcounters{shape}", f"no counters{shape}", 0.8),
-        (f"row trigger (seed){shape}", f"no counters{shape}", None),
+        (f"row trigger (reference){shape}", f"no counters{shape}", None),
     )
 )
-TOP_VARIANTS = ("annotate(Count) (seed)", "counter column")
-TOP_COMPARISONS: tuple[Comparison, ...] = (("counter column", "annotate(Count) (seed)", 100.0),)
-READ_VARIANTS = ("stored", "exact", "stored get_many", "exact get_many", "count(*) (seed)")
+TOP_VARIANTS = ("annotate(Count) (reference)", "counter column")
+TOP_COMPARISONS: tuple[Comparison, ...] = (
+    ("counter column", "annotate(Count) (reference)", 100.0),
+)
+READ_VARIANTS = ("stored", "exact", "stored get_many", "exact get_many", "count(*) (reference)")
 READ_COMPARISONS: tuple[Comparison, ...] = (
     # "exact read ... <= 2x a stored-only read": time ratio >= 0.5
     ("exact", "stored", 0.5),
     ("exact get_many", "stored get_many", 0.5),
-    ("exact", "count(*) (seed)", None),
-    ("stored", "count(*) (seed)", None),
+    ("exact", "count(*) (reference)", None),
+    ("stored", "count(*) (reference)", None),
 )
 
 
@@ -90,7 +93,7 @@ def q(name: str, comments: str | None = None) -> sql.Composed:
 
 
 def specs(named: bool = False) -> list[CounterSpec]:
-    """The two counters of the seed, declared on the pgcounters comment table."""
+    """The two counters of the reference blog, declared on the pgcounters comment table."""
     source = Table(PGC, SCHEMA)
     out = [
         CounterSpec(
@@ -122,21 +125,21 @@ def specs(named: bool = False) -> list[CounterSpec]:
 
 
 def cleanup(conn: Conn) -> None:
-    """Remove the benchmark's counters and the seed's blog schema."""
+    """Remove the benchmark's counters and the reference blog schema."""
     for name in (ARTICLE_COUNTER, USER_COUNTER, NAMED_COUNTER):
         triggers.uninstall(conn, name, drop_values=True)
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 
 
 def prepare(conn: Conn, users: int, articles: int, *, named: bool = False) -> None:
-    """The seed's blog with ``users`` and ``articles``, pgcounters' triggers installed."""
+    """The reference blog with ``users`` and ``articles``, pgcounters' triggers installed."""
     install(conn)
     cleanup(conn)
-    conn.execute(sqlfiles.read("seed_blog.sql").encode())
+    conn.execute(sqlfiles.read("reference_blog.sql").encode())
     conn.execute(q("create_users"), {"n": users})
     conn.execute(q("create_articles"), {"n": articles})
     triggers.install(conn, specs(named))
-    # the seed's own technique writes the same counter columns, which pgcounters now
+    # the reference technique writes the same counter columns, which pgcounters now
     # guards: its statements run as one of pgcounters' writers (the guard's condition
     # is then false, and no function runs)
     conn.execute("SELECT set_config('pgcounters.applying', 'on', false)")
@@ -152,10 +155,10 @@ def mismatches(conn: Conn, comments: str) -> int:
     return total
 
 
-def drain_seed(conn: Conn, limit: int = 10_000) -> None:
-    """Run the seed's queue function until its queue is empty."""
-    while conn.execute(q("seed_pending_tasks")).fetchone() != (0,):
-        conn.execute(q("seed_process_tasks"), {"limit": limit})
+def drain_reference(conn: Conn, limit: int = 10_000) -> None:
+    """Run the reference queue function until its queue is empty."""
+    while conn.execute(q("reference_pending_tasks")).fetchone() != (0,):
+        conn.execute(q("reference_process_tasks"), {"limit": limit})
 
 
 def _vacuum(conn: Conn, *tables: str) -> None:
@@ -172,13 +175,13 @@ def _reset_trigger_run(conn: Conn) -> None:
     conn.execute(
         sql.SQL("TRUNCATE {}").format(
             sql.SQL(", ").join(
-                sql.Identifier(SCHEMA, t) for t in (PLAIN, SEED, PGC, "counting_task")
+                sql.Identifier(SCHEMA, t) for t in (PLAIN, REFERENCE, PGC, "counting_task")
             )
         )
     )
     conn.execute(q("reset_article_counts"))
     conn.execute(q("reset_user_counts"))
-    _vacuum(conn, "blog_article", "blog_user", PLAIN, SEED, PGC, "counting_task")
+    _vacuum(conn, "blog_article", "blog_user", PLAIN, REFERENCE, PGC, "counting_task")
     conn.execute("CHECKPOINT")
 
 
@@ -191,10 +194,10 @@ def trigger_run(conn: Conn, variant: str, rows: int, users: int, articles: int) 
     conn.execute(q("insert_comments", table), params)  # autocommit: INSERT and COMMIT
     seconds = time.perf_counter() - started
     queued = 0
-    if table == SEED:
-        row = conn.execute(q("seed_pending_tasks")).fetchone()
+    if table == REFERENCE:
+        row = conn.execute(q("reference_pending_tasks")).fetchone()
         queued = int(row[0]) if row else 0
-        drain_seed(conn)
+        drain_reference(conn)
     elif table == PGC:
         queued = Counters(conn).pending()[0]
         Counters(conn).drain(100_000)
@@ -210,8 +213,8 @@ def trigger_overhead(dsn: str, repeat: int, quick: bool, *, rows: int | None = N
     users, articles = 1000, 1000
     scenario = Scenario(
         "trigger-overhead",
-        f"Seeds 000/001: one bulk INSERT of {rows:,} comments (two in three public, over "
-        f"{articles:,} articles and {users:,} users) with no counters, with the seed's "
+        f"The reference blog: one bulk INSERT of {rows:,} comments (two in three public, over "
+        f"{articles:,} articles and {users:,} users) with no counters, with the reference "
         "row-level trigger, and with pgcounters' statement-level triggers for two counters "
         "(public comments per article and per user); the tables have the indexes Django "
         f"creates, then (variants '{FK.strip()}') also its deferred foreign key constraints. "
@@ -220,7 +223,7 @@ def trigger_overhead(dsn: str, repeat: int, quick: bool, *, rows: int | None = N
         unit="rows",
         extra_aggregate="median",
     )
-    scenario.headline = ("pgcounters", "row trigger (seed)")
+    scenario.headline = ("pgcounters", "row trigger (reference)")
     with connect(dsn) as conn:
         prepare(conn, users, articles)
         for shape in ("", FK):
@@ -266,7 +269,7 @@ def top_n(
         f"index ({slow_queries} and {fast_queries} queries a run). Target: >= 100x.",
         unit="queries",
     )
-    scenario.headline = ("counter column", "annotate(Count) (seed)")
+    scenario.headline = ("counter column", "annotate(Count) (reference)")
     with connect(dsn) as conn:
         prepare(conn, 1000, articles)
         step = 100_000  # one statement per step keeps each transition table small
@@ -355,7 +358,11 @@ def exact_read(
             "exact": (by_get(True), truth, reads),
             "stored get_many": (by_many(False), stored, reads),
             "exact get_many": (by_many(True), truth, reads),
-            "count(*) (seed)": (lambda: [_count_public(conn, k) for k in keys], truth, reads // 5),
+            "count(*) (reference)": (
+                lambda: [_count_public(conn, k) for k in keys],
+                truth,
+                reads // 5,
+            ),
         }
         for i in range(repeat):
             order: Sequence[str] = READ_VARIANTS if i % 2 == 0 else READ_VARIANTS[::-1]

@@ -1,14 +1,14 @@
-"""``pgcounters demo``: the seed's hot-counter workload, naive vs pgcounters, totals checked;
-then the blog under a concurrent mixed load, every counter checked (:mod:`pgcounters.demo_blog`)."""
+"""``pgcounters demo``: the reference hot-counter workload, naive vs pgcounters, totals checked;
+then the blog under a concurrent mixed load, every counter checked (:mod:`.blog`)."""
 
 from __future__ import annotations
 
-from pgcounters import demo_blog, workloads
 from pgcounters.config import connect
+from pgcounters.demos import blog, workloads
 from pgcounters.errors import PgCountersError
 from pgcounters.schema import install, installed_version
 
-SEED_VARIANTS = (
+REFERENCE_VARIANTS = (
     "update",
     "pgcounters-queued",
     "pgcounters-unlogged",
@@ -54,11 +54,11 @@ def run(
 
     plan = workloads.make_plan(writers, per_writer, 10)
     print(
-        f"\nSeed 004 workload: {writers} concurrent writers x {per_writer} increments over "
+        f"\nThe reference workload: {writers} concurrent writers x {per_writer} increments over "
         "10 counters, each increment its own transaction."
     )
-    seed = [workloads.run_variant(dsn, v, plan) for v in SEED_VARIANTS]
-    print("\n".join(_table("", seed)))
+    reference = [workloads.run_variant(dsn, v, plan) for v in REFERENCE_VARIANTS]
+    print("\n".join(_table("", reference)))
 
     plan_txn = workloads.make_plan(writers, txn_per_writer, 10, per_transaction=(1, 3))
     print(
@@ -75,13 +75,13 @@ def run(
         "\n'exact': after draining, every counter equals the number of increments the writers made."
         "\n'lock waits': samples (every 5 ms) in which some transaction waited for a row lock."
     )
-    bad = [r.variant for r in seed + txn if not r.exact]
+    bad = [r.variant for r in reference + txn if not r.exact]
     if bad:
         print(f"\nFAILED: totals differ for {', '.join(bad)}")
     else:
         print("\nAll totals exact.")
-    blog = demo_blog.main(dsn, blog_seconds)
-    return 1 if bad or blog else 0
+    blog_failed = blog.main(dsn, blog_seconds)
+    return 1 if bad or blog_failed else 0
 
 
 def main(dsn: str) -> int:

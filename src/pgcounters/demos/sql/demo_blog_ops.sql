@@ -3,15 +3,15 @@
 -- never wait for each other's comment rows; they share articles and users,
 -- which is where the counters are.
 
--- name: seed_users
+-- name: fill_users
 INSERT INTO demo_blog.users (username)
 SELECT 'user' || g FROM generate_series(1, %(n)s) AS g;
 
--- name: seed_articles
+-- name: fill_articles
 INSERT INTO demo_blog.articles (title)
 SELECT 'article ' || g FROM generate_series(1, %(n)s) AS g;
 
--- name: seed_comments
+-- name: fill_comments
 INSERT INTO demo_blog.comments (article_id, creator_id, writer, publish_status)
 SELECT 1 + (g * 7919) %% %(articles)s, 1 + (g * 104729) %% %(users)s, g %% %(writers)s,
        CASE WHEN g %% 3 = 0 THEN 'private' ELSE 'public' END
@@ -62,9 +62,9 @@ INSERT INTO demo_blog.users (username) VALUES ('newcomer') RETURNING id;
 INSERT INTO demo_blog.users (username) SELECT 'newcomer' FROM generate_series(1, %(n)s);
 
 -- name: delete_newcomer
--- newcomers (ids above the seeded users) have no comments nor notifications
+-- newcomers (ids above the initial users) have no comments nor notifications
 DELETE FROM demo_blog.users
-WHERE id = (SELECT max(id) FROM demo_blog.users WHERE id > %(seeded)s);
+WHERE id = (SELECT max(id) FROM demo_blog.users WHERE id > %(initial)s);
 
 -- name: notify
 INSERT INTO demo_blog.notifications (user_id, message) VALUES (%(user)s, 'news')
@@ -75,7 +75,7 @@ INSERT INTO demo_blog.notifications (user_id, message)
 SELECT 1 + floor(random() * %(users)s)::bigint, 'digest' FROM generate_series(1, %(n)s);
 
 -- name: mark_read
--- seed 003: "mark as read" from a request; only the statement that flips the row counts
+-- "mark as read" from a request; only the statement that flips the row counts
 UPDATE demo_blog.notifications SET is_read = true WHERE id = %(id)s AND NOT is_read;
 
 -- name: delete_notification

@@ -1,12 +1,12 @@
-"""Draining: the seed's ``BETWEEN`` drain vs pgcounters' concurrency-safe drain; and lag.
+"""Draining: the reference ``BETWEEN`` drain vs pgcounters' concurrency-safe drain; and lag.
 
-``drain``: N deltas are queued over the seed's 10 counters (not timed), then
+``drain``: N deltas are queued over the reference technique's 10 counters (not timed), then
 drained to the end in batches of 100k (timed), at N = 10k, 100k and 1M
 (10k and 100k with ``--quick``). Variants, interleaved:
 
-* ``seed-between``: seed 004's function as published, on the seed's tables
+* ``reference-between``: depesz's function as published, on the reference tables
   (``counter_name text``, ``value_change int4``);
-* ``between-claim``: the seed's ``id BETWEEN`` claim on pgcounters' queue
+* ``between-claim``: the reference ``id BETWEEN`` claim on pgcounters' queue
   with pgcounters' own sum and upsert: the same data and apply step as
   pgcounters, only the claim differs;
 * ``pgcounters``: :meth:`Counters.drain` (``drain_batch``: the sole drainer of
@@ -36,17 +36,17 @@ import time
 from collections import Counter as Tally
 from collections.abc import Iterator
 
-from pgcounters import sqlfiles
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.schema import install
 from pgcounters.worker import APPLICATION_NAME
 
 KEYS = 10
 BATCH = 100_000
-VARIANTS = ("seed-between", "between-claim", "pgcounters", "pgcounters-skip-locked")
+VARIANTS = ("reference-between", "between-claim", "pgcounters", "pgcounters-skip-locked")
 LOCK_QUERY = "SELECT pg_advisory_lock(hashtext('pgcounters.drain'), 0)"
 
 
@@ -56,26 +56,26 @@ def _label(n: int) -> str:
 
 def _prepare(conn: Conn) -> None:
     install(conn)
-    conn.execute(sqlfiles.read("seed_workload.sql").encode())
-    conn.execute(sqlfiles.read("seed_drain.sql").encode())
+    conn.execute(sqlfiles.read("reference_queue.sql").encode())
+    conn.execute(sqlfiles.read("reference_drain.sql").encode())
     with conn.cursor() as cur:
         cur.executemany(
-            "INSERT INTO seed_counters (counter_name) VALUES (%s)",
+            "INSERT INTO reference_counters (counter_name) VALUES (%s)",
             [(str(i),) for i in range(KEYS)],
         )
 
 
 def _fill(conn: Conn, variant: str, n: int) -> int:
     """Empty the tables of ``variant``, queue ``n`` deltas of 1 over KEYS counters."""
-    if variant == "seed-between":
-        conn.execute("UPDATE seed_counters SET current_value = 0")
-        conn.execute("TRUNCATE seed_queue")
+    if variant == "reference-between":
+        conn.execute("UPDATE reference_counters SET current_value = 0")
+        conn.execute("TRUNCATE reference_queue")
         conn.execute(
-            "INSERT INTO seed_queue (counter_name, value_change)"
+            "INSERT INTO reference_queue (counter_name, value_change)"
             " SELECT (g %% %s)::text, 1 FROM generate_series(1, %s) g",
             (KEYS, n),
         )
-        conn.execute("VACUUM ANALYZE seed_queue, seed_counters")
+        conn.execute("VACUUM ANALYZE reference_queue, reference_counters")
         target = 0
     else:
         pc = Counters(conn)
@@ -95,18 +95,18 @@ def _fill(conn: Conn, variant: str, n: int) -> int:
 def _drain(conn: Conn, variant: str) -> int:
     """Drain to the end; returns the batches run."""
     batches = 0
-    if variant == "seed-between":
+    if variant == "reference-between":
         while True:
             with conn.transaction():
-                # the seed's range is inclusive: p_limit + 1 ids
-                conn.execute("SELECT seed_apply_counter_queue(%s)", (BATCH - 1,))
+                # the reference range is inclusive: p_limit + 1 ids
+                conn.execute("SELECT reference_apply_counter_queue(%s)", (BATCH - 1,))
             batches += 1
-            if conn.execute("SELECT min(id) FROM seed_queue").fetchone() == (None,):
+            if conn.execute("SELECT min(id) FROM reference_queue").fetchone() == (None,):
                 return batches
     if variant == "between-claim":
         while True:
             with conn.transaction():
-                row = conn.execute("SELECT seed_between_drain_batch(%s)", (BATCH,)).fetchone()
+                row = conn.execute("SELECT reference_between_drain_batch(%s)", (BATCH,)).fetchone()
             batches += 1
             if conn.execute("SELECT min(id) FROM pgcounters.queue").fetchone() == (None,):
                 return batches
@@ -115,8 +115,8 @@ def _drain(conn: Conn, variant: str) -> int:
 
 
 def _totals(conn: Conn, variant: str) -> dict[int, int]:
-    if variant == "seed-between":
-        rows = conn.execute("SELECT counter_name, current_value FROM seed_counters").fetchall()
+    if variant == "reference-between":
+        rows = conn.execute("SELECT counter_name, current_value FROM reference_counters").fetchall()
         return {int(k): int(v) for k, v in rows}
     values = Counters(conn).get_many("bench.drain", range(KEYS), exact=False)
     return dict(enumerate(values))
@@ -139,7 +139,7 @@ def drain(dsn: str, repeat: int, quick: bool) -> Scenario:
         "drain",
         f"Drain N queued deltas over {KEYS} counters to the end, batches of {BATCH:,}, one "
         "transaction each. Target: >= 800,000 deltas/s with a concurrency-safe claim, "
-        "matching the seed's unsafe BETWEEN form.",
+        "matching the reference unsafe BETWEEN form.",
         unit="deltas",
     )
     with connect(dsn) as conn:
@@ -157,20 +157,23 @@ def drain(dsn: str, repeat: int, quick: bool) -> Scenario:
                         f"{variant} {_label(n)}",
                         Measurement(seconds, n, exact, {"batches": float(batches)}),
                     )
-        conn.execute("TRUNCATE seed_queue, pgcounters.queue")
+        conn.execute("TRUNCATE reference_queue, pgcounters.queue")
         Counters(conn).drop_counter("bench.drain")
     comparisons: list[Comparison] = []
     for n in sizes:
         size = _label(n)
         comparisons += [
-            (f"pgcounters {size}", f"seed-between {size}", 1.0),
+            (f"pgcounters {size}", f"reference-between {size}", 1.0),
             (f"pgcounters {size}", f"between-claim {size}", 1.0),
-            (f"between-claim {size}", f"seed-between {size}", None),
+            (f"between-claim {size}", f"reference-between {size}", None),
             (f"pgcounters {size}", f"pgcounters-skip-locked {size}", None),
         ]
     scenario.compare(comparisons)
-    # the headline: the largest queue, pgcounters against the seed's function
-    scenario.headline = (f"pgcounters {_label(sizes[-1])}", f"seed-between {_label(sizes[-1])}")
+    # the headline: the largest queue, pgcounters against the reference function
+    scenario.headline = (
+        f"pgcounters {_label(sizes[-1])}",
+        f"reference-between {_label(sizes[-1])}",
+    )
     return scenario
 
 

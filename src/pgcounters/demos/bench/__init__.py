@@ -1,4 +1,4 @@
-"""``pgcounters bench``: the seeds' measurements, naive technique and pgcounters in one run.
+"""``pgcounters bench``: the reference techniques and pgcounters measured side by side, in one run.
 
 Each scenario runs every variant ``--repeat`` times, interleaved (variant A, B,
 C, then A, B, C again) so that drift of a shared machine hits all alike, and
@@ -20,36 +20,36 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pgcounters.bench import blog, columns, drain, hot, quota
-from pgcounters.bench.report import LISTENERS, Measurement, Runner, Scenario
+from pgcounters.demos.bench import blog, columns, drain, hot, quota
+from pgcounters.demos.bench.report import LISTENERS, Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
 
 
 def _redis_buffer(dsn: str, repeat: int, quick: bool) -> Scenario:
     # imported on use: it needs the redis extra
-    from pgcounters.bench.buffers import redis_buffer
+    from pgcounters.demos.bench.buffers import redis_buffer
 
     return redis_buffer(dsn, repeat, quick)
 
 
 def _redis_cluster(dsn: str, repeat: int, quick: bool) -> Scenario:
     # imported on use: it needs the redis extra
-    from pgcounters.bench.cluster import redis_cluster
+    from pgcounters.demos.bench.cluster import redis_cluster
 
     return redis_cluster(dsn, repeat, quick)
 
 
 def _sharded(dsn: str, repeat: int, quick: bool) -> Scenario:
     # imported on use: it needs PL/Proxy and PostgreSQL 15 from the distribution
-    from pgcounters.bench.sharded import sharded
+    from pgcounters.demos.bench.sharded import sharded
 
     return sharded(dsn, repeat, quick)
 
 
 def _replica_read(dsn: str, repeat: int, quick: bool) -> Scenario:
     # imported on use: it starts embedded servers of its own
-    from pgcounters.bench.replica import replica_read
+    from pgcounters.demos.bench.replica import replica_read
 
     return replica_read(dsn, repeat, quick)
 
@@ -163,7 +163,7 @@ def main(
     else:
         print("\n\n".join(s.table() for s in results))
     if output is not None or markdown is not None:
-        from pgcounters.bench import output as out
+        from pgcounters.demos.bench import output as out
 
         header = [
             "# pgcounters bench",

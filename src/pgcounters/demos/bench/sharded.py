@@ -17,8 +17,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.config import connect
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.errors import ConfigurationError
 from pgcounters.schema import install

@@ -1,11 +1,11 @@
-"""Seed 004's hot-counter workload: plain UPDATE, the seed's queues, and pgcounters."""
+"""The reference hot-counter workload (depesz's queue): plain UPDATE, its queues, and pgcounters."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pgcounters import workloads
-from pgcounters.bench.report import Comparison, Measurement, Scenario
+from pgcounters.demos import workloads
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 
 HOT_COMPARISONS: tuple[Comparison, ...] = (
     ("raw-queue", "update", None),
@@ -16,7 +16,7 @@ HOT_COMPARISONS: tuple[Comparison, ...] = (
     ("pgcounters-unlogged", "sql-unlogged", 0.9),
     ("pgcounters-batched", "sql-batched", 0.9),
     ("pgcounters-direct", "sql-direct", 0.9),
-    # and against the seed's own tables (a text name and an int4 delta per row)
+    # and against the reference technique's own tables (a text name and an int4 delta per row)
     ("pgcounters-queued", "raw-queue", None),
     ("pgcounters-unlogged", "raw-unlogged", None),
     ("pgcounters-batched", "raw-batched", None),
@@ -56,11 +56,11 @@ def hot_counters(dsn: str, repeat: int, quick: bool) -> Scenario:
     per_writer = 200 if quick else 1000
     scenario = Scenario(
         "hot-counters",
-        f"Seed 004: 10 concurrent writers x {per_writer} increments over 10 counters, "
-        "each increment its own transaction.",
+        f"The reference workload: 10 concurrent writers x {per_writer} increments over 10 "
+        "counters, each increment its own transaction.",
         unit="increments",
     )
-    # the headline: the batching client against the seed's plain UPDATE
+    # the headline: the batching client against the reference plain UPDATE
     scenario.headline = ("pgcounters-batching", "update")
     plan = workloads.make_plan(10, per_writer, 10)
     _run(dsn, scenario, list(workloads.VARIANTS), plan, repeat)

@@ -1,11 +1,11 @@
-"""The seed's hot-counter workloads, run with the naive technique and with pgcounters.
+"""The reference hot-counter workloads, run with the naive technique and with pgcounters.
 
-Seed 004 (depesz): 10 concurrent writers, each doing 1000 increments of 10
-counters in random order, each increment its own transaction. Variants:
+The reference workload (depesz's queue technique): 10 concurrent writers, each doing
+1000 increments of 10 counters in random order, each increment its own transaction. Variants:
 
 * ``update``: ``UPDATE counters SET value = value + 1`` (the naive way)
-* ``raw-queue`` / ``raw-unlogged`` / ``raw-batched``: the seed's hand-written
-  queue INSERTs (logged, UNLOGGED, 10 rows per INSERT), with the seed's index
+* ``raw-queue`` / ``raw-unlogged`` / ``raw-batched``: the reference hand-written
+  queue INSERTs (logged, UNLOGGED, 10 rows per INSERT), with the reference index
   on the counter name so that exact reads stay fast
 * ``sql-queued`` / ``-unlogged`` / ``-batched`` / ``-direct``: the statements pgcounters
   sends, on its own tables, written by hand (what each of its paths wraps)
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from pgcounters import sqlfiles
 from pgcounters.batching import BatchingCounters
 from pgcounters.client import Counters, Mode
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
 from pgcounters.schema import install
 
 Plan = list[list[list[int]]]  # writer -> transaction -> counter indexes
@@ -96,13 +96,13 @@ def expected_totals(plan: Plan) -> dict[int, int]:
 
 
 def prepare(dsn: str, counters: int) -> None:
-    """Create the seed's tables and pgcounters' counters for a run (idempotent)."""
+    """Create the reference tables and pgcounters' counters for a run (idempotent)."""
     with connect(dsn) as conn:
         install(conn)
-        conn.execute(sqlfiles.read("seed_workload.sql").encode())
+        conn.execute(sqlfiles.read("reference_queue.sql").encode())
         with conn.cursor() as cur:
             cur.executemany(
-                "INSERT INTO seed_counters (counter_name) VALUES (%s)",
+                "INSERT INTO reference_counters (counter_name) VALUES (%s)",
                 [(str(i),) for i in range(counters)],
             )
         pc = Counters(conn)
@@ -114,7 +114,8 @@ def prepare(dsn: str, counters: int) -> None:
 def _update(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
     for i in items:
         conn.execute(
-            "UPDATE seed_counters SET current_value = current_value + 1 WHERE counter_name = %s",
+            "UPDATE reference_counters SET current_value = current_value + 1 "
+            "WHERE counter_name = %s",
             (str(i),),
         )
 
@@ -134,7 +135,9 @@ def _raw_insert(table: str) -> Op:
 def _raw_batched(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
     values = sql.SQL(", ").join([sql.SQL("(%s, 1)")] * len(items))
     conn.execute(
-        sql.SQL("INSERT INTO seed_queue (counter_name, value_change) VALUES {}").format(values),
+        sql.SQL("INSERT INTO reference_queue (counter_name, value_change) VALUES {}").format(
+            values
+        ),
         [str(i) for i in items],
     )
 
@@ -213,10 +216,10 @@ def _pgc_batching(conn: Conn, pc: Counters, items: Sequence[int]) -> None:
 
 VARIANTS: dict[str, tuple[Op, str]] = {
     # name: (operation, how totals are read)
-    "update": (_update, "seed_counters"),
-    "raw-queue": (_raw_insert("seed_queue"), "seed_queue"),
-    "raw-unlogged": (_raw_insert("seed_queue_unlogged"), "seed_queue_unlogged"),
-    "raw-batched": (_raw_batched, "seed_queue"),
+    "update": (_update, "reference_counters"),
+    "raw-queue": (_raw_insert("reference_queue"), "reference_queue"),
+    "raw-unlogged": (_raw_insert("reference_queue_unlogged"), "reference_queue_unlogged"),
+    "raw-batched": (_raw_batched, "reference_queue"),
     "sql-queued": (_sql_insert("queued"), "bench.queued"),
     "sql-unlogged": (_sql_insert("unlogged"), "bench.unlogged"),
     "sql-batched": (_sql_batched, "bench.queued"),
@@ -232,25 +235,25 @@ BATCHED = {"raw-batched", "sql-batched", "pgcounters-batched"}
 
 
 def _reset(conn: Conn, pc: Counters) -> None:
-    conn.execute("UPDATE seed_counters SET current_value = 0")
-    conn.execute("TRUNCATE seed_queue, seed_queue_unlogged")
+    conn.execute("UPDATE reference_counters SET current_value = 0")
+    conn.execute("TRUNCATE reference_queue, reference_queue_unlogged")
     for mode in ("queued", "unlogged", "direct"):
         pc.drop_counter(f"bench.{mode}")
         pc.create_counter(f"bench.{mode}", key=int, mode=mode)
     # every variant starts from tables without dead rows: an UPDATE of a counter leaves a
     # dead row version (and, in pgcounters.counters, dead index entries) for the next variant
     conn.execute(
-        "VACUUM ANALYZE seed_counters, seed_queue, seed_queue_unlogged,"
+        "VACUUM ANALYZE reference_counters, reference_queue, reference_queue_unlogged,"
         " pgcounters.counters, pgcounters.queue, pgcounters.queue_unlogged"
     )
 
 
 def _totals(conn: Conn, pc: Counters, source: str, counters: int) -> dict[int, int]:
-    if source == "seed_counters":
-        rows = conn.execute("SELECT counter_name, current_value FROM seed_counters").fetchall()
+    if source == "reference_counters":
+        rows = conn.execute("SELECT counter_name, current_value FROM reference_counters").fetchall()
         return {int(k): int(v) for k, v in rows if v}
-    if source.startswith("seed_queue"):
-        # the seed's exact read: stored + pending, here all pending
+    if source.startswith("reference_queue"):
+        # the reference exact read: stored + pending, here all pending
         rows = conn.execute(
             sql.SQL("SELECT counter_name, sum(value_change) FROM {} GROUP BY 1").format(
                 sql.Identifier(source)

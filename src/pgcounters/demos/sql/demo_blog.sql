@@ -1,22 +1,22 @@
--- The blog of `pgcounters demo` (seeds 000, 001 and 003), in its own schema so
+-- The blog of `pgcounters demo`, in its own schema so
 -- that each run starts from nothing. Counter columns start at 0; the demo's
--- counters (declared in pgcounters/demo_blog.py) keep them from the first row on.
+-- counters (declared in pgcounters/demos/blog.py) keep them from the first row on.
 DROP SCHEMA IF EXISTS demo_blog CASCADE;
 CREATE SCHEMA demo_blog;
 
 CREATE TABLE demo_blog.users (
     id                   bigserial PRIMARY KEY,
     username             text NOT NULL,
-    -- seed 000/001: public comments written by the user
+    -- public comments written by the user
     public_comments      bigint NOT NULL DEFAULT 0,
-    -- seed 003: the user's unread notifications
+    -- the user's unread notifications
     unread_notifications bigint NOT NULL DEFAULT 0
 );
 
 CREATE TABLE demo_blog.articles (
     id              bigserial PRIMARY KEY,
     title           text NOT NULL,
-    -- seed 000/001: public comments on the article
+    -- public comments on the article
     public_comments bigint NOT NULL DEFAULT 0
 );
 -- top-N articles by public comments reads this index, not the comments

@@ -1,20 +1,20 @@
 -- Statements of the blog benchmarks (`trigger-overhead`, `top-n`, `exact-read`), run on
--- the seed's blog of seed_blog.sql. {comments} is one of its comment tables, filled in by
+-- the reference blog of reference_blog.sql. {comments} is one of its comment tables, filled in by
 -- the benchmark with psycopg.sql.Identifier; values are parameters.
 
 -- name: create_users
-INSERT INTO seed000.blog_user (username)
+INSERT INTO reference_blog.blog_user (username)
 SELECT 'user ' || g FROM generate_series(1, %(n)s::integer) AS g;
 
 -- name: create_articles
-INSERT INTO seed000.blog_article (content)
+INSERT INTO reference_blog.blog_article (content)
 SELECT 'article ' || g FROM generate_series(1, %(n)s::integer) AS g;
 
 -- name: add_foreign_keys
 -- The comment table's foreign keys as Django declares them (checked at COMMIT, per row).
 ALTER TABLE {comments}
-    ADD FOREIGN KEY (creator_id) REFERENCES seed000.blog_user (id) DEFERRABLE INITIALLY DEFERRED,
-    ADD FOREIGN KEY (article_id) REFERENCES seed000.blog_article (id)
+    ADD FOREIGN KEY (creator_id) REFERENCES reference_blog.blog_user (id) DEFERRABLE INITIALLY DEFERRED,
+    ADD FOREIGN KEY (article_id) REFERENCES reference_blog.blog_article (id)
         DEFERRABLE INITIALLY DEFERRED;
 
 -- name: insert_comments
@@ -51,15 +51,15 @@ SELECT %(target)s, ARRAY[(1 + g %% %(hot)s)::text], 1
   FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g;
 
 -- name: reset_article_counts
-UPDATE seed000.blog_article SET total_public_comments = 0 WHERE total_public_comments <> 0;
+UPDATE reference_blog.blog_article SET total_public_comments = 0 WHERE total_public_comments <> 0;
 
 -- name: reset_user_counts
-UPDATE seed000.blog_user SET total_public_comments = 0 WHERE total_public_comments <> 0;
+UPDATE reference_blog.blog_user SET total_public_comments = 0 WHERE total_public_comments <> 0;
 
 -- name: article_mismatches
 -- Articles whose counter column differs from the public comments counted (the truth).
 SELECT count(*)
-  FROM seed000.blog_article AS a
+  FROM reference_blog.blog_article AS a
   LEFT JOIN (SELECT article_id, count(*) AS n FROM {comments}
               WHERE publish_status = 'public' GROUP BY article_id) AS t
     ON t.article_id = a.id
@@ -67,7 +67,7 @@ SELECT count(*)
 
 -- name: user_mismatches
 SELECT count(*)
-  FROM seed000.blog_user AS u
+  FROM reference_blog.blog_user AS u
   LEFT JOIN (SELECT creator_id, count(*) AS n FROM {comments}
               WHERE publish_status = 'public' GROUP BY creator_id) AS t
     ON t.creator_id = u.id
@@ -76,11 +76,11 @@ SELECT count(*)
 -- name: count_rows
 SELECT count(*) FROM {comments};
 
--- name: seed_pending_tasks
-SELECT count(*) FROM seed000.counting_task;
+-- name: reference_pending_tasks
+SELECT count(*) FROM reference_blog.counting_task;
 
--- name: seed_process_tasks
-SELECT seed000.counting_process_tasks(%(limit)s);
+-- name: reference_process_tasks
+SELECT reference_blog.counting_process_tasks(%(limit)s);
 
 -- name: top_annotate
 -- What Django runs for
@@ -89,7 +89,7 @@ SELECT seed000.counting_process_tasks(%(limit)s);
 -- (Django groups by the primary key only; the filter value is inlined here).
 SELECT "blog_article"."id", "blog_article"."content", "blog_article"."total_public_comments",
        COUNT("blog_comment"."id") FILTER (WHERE "blog_comment"."publish_status" = 'public') AS "n"
-  FROM "seed000"."blog_article"
+  FROM "reference_blog"."blog_article"
   LEFT OUTER JOIN {comments} AS "blog_comment"
     ON ("blog_article"."id" = "blog_comment"."article_id")
  GROUP BY "blog_article"."id"
@@ -98,12 +98,12 @@ SELECT "blog_article"."id", "blog_article"."content", "blog_article"."total_publ
 
 -- name: top_column_index
 CREATE INDEX IF NOT EXISTS blog_article_top_public
-    ON seed000.blog_article (total_public_comments DESC, id);
+    ON reference_blog.blog_article (total_public_comments DESC, id);
 
 -- name: top_column
 -- What Django runs for Article.objects.order_by("-total_public_comments", "pk")[:10]
 SELECT "blog_article"."id", "blog_article"."content", "blog_article"."total_public_comments"
-  FROM "seed000"."blog_article"
+  FROM "reference_blog"."blog_article"
  ORDER BY "blog_article"."total_public_comments" DESC, "blog_article"."id" ASC
  LIMIT %(n)s;
 

@@ -27,7 +27,7 @@ class Measurement:
 
 @dataclass
 class Scenario:
-    """The runs of every variant of a scenario, and its ratios against the seed's technique."""
+    """The runs of every variant of a scenario, and its ratios against the reference technique."""
 
     name: str
     description: str
@@ -37,7 +37,7 @@ class Scenario:
     extra_aggregate: Literal["sum", "median"] = "sum"
     """How the ``extra`` figures of a variant's runs are combined (counts add up, times don't)."""
     headline: tuple[str, str] | None = None
-    """(variant, baseline) of the scenario's headline ratio: pgcounters vs the seed's
+    """(variant, baseline) of the scenario's headline ratio: pgcounters vs the reference
     technique. None: the first comparison with a target."""
 
     def _combine(self, values: Sequence[float]) -> float:

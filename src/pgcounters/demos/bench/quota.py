@@ -1,9 +1,9 @@
-"""Seed 002's ``register_call`` against pgcounters' quota call, in the same run.
+"""The reference quota technique's ``register_call`` against pgcounters' quota call, in one run.
 
 Variants, each on one connection and then with 8 clients calling for one hot
 subject (each call its own transaction, half the calls over the limit):
 
-* ``seed``: the seed's SQL function as published (``sql/seed_quota.sql``): a CTE
+* ``reference``: the reference SQL function as published (``sql/reference_quota.sql``): a CTE
   reads the limit, a CTE writes the request log, one upsert counts;
 * ``pgcounters``: :meth:`pgcounters.Quotas.register_call`, durable commits;
 * ``pgcounters-async``: the same with ``synchronous_commit=False`` (the call's
@@ -20,64 +20,68 @@ import threading
 import time
 from collections.abc import Callable
 
-from pgcounters import sqlfiles
-from pgcounters.bench.report import Comparison, Measurement, Scenario
 from pgcounters.config import connect
 from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.quotas import Quotas
 from pgcounters.schema import install
 
 QUOTA = "bench.quota"
 SUBJECT = "customer-1"
-SEED_CUSTOMER = 1
-VARIANTS = ("seed", "pgcounters", "pgcounters-async")
+CUSTOMER = 1
+VARIANTS = ("reference", "pgcounters", "pgcounters-async")
 COMPARISONS: tuple[Comparison, ...] = (
-    ("pgcounters", "seed", 2.0),
-    ("pgcounters-async", "seed", 2.0),
-    ("hot8-pgcounters", "hot8-seed", None),
-    ("hot8-pgcounters-async", "hot8-seed", None),
+    ("pgcounters", "reference", 2.0),
+    ("pgcounters-async", "reference", 2.0),
+    ("hot8-pgcounters", "hot8-reference", None),
+    ("hot8-pgcounters-async", "hot8-reference", None),
 )
 
 Call = Callable[[], bool]
 
 
 def prepare(dsn: str) -> None:
-    """Create the seed's tables (schema ``seed002``) and the pgcounters schema."""
+    """Create the reference tables (schema ``reference_quota``) and the pgcounters schema."""
     with connect(dsn) as conn:
         install(conn)
-        conn.execute(sqlfiles.read("seed_quota.sql").encode())
+        conn.execute(sqlfiles.read("reference_quota.sql").encode())
         conn.execute(
-            "INSERT INTO seed002.t_customer (id, customer_email) VALUES (%s, 'bench company')",
-            (SEED_CUSTOMER,),
+            "INSERT INTO reference_quota.t_customer (id, customer_email) "
+            "VALUES (%s, 'bench company')",
+            (CUSTOMER,),
         )
 
 
 def _reset(dsn: str, limit: int) -> None:
     with connect(dsn) as conn:
-        conn.execute("TRUNCATE seed002.t_log, seed002.t_log_count, seed002.t_customer_limit")
-        # the seed's limit: clicks per day, valid over a range around now
         conn.execute(
-            "INSERT INTO seed002.t_customer_limit (customer_id, clicks_per_day, trange) "
+            "TRUNCATE reference_quota.t_log, reference_quota.t_log_count, "
+            "reference_quota.t_customer_limit"
+        )
+        # the reference limit: clicks per day, valid over a range around now
+        conn.execute(
+            "INSERT INTO reference_quota.t_customer_limit (customer_id, clicks_per_day, trange) "
             "VALUES (%s, %s, tstzrange(now() - interval '2 days', now() + interval '2 days'))",
-            (SEED_CUSTOMER, limit),
+            (CUSTOMER, limit),
         )
         quotas = Quotas(conn)
         quotas.drop_quota(QUOTA)
         quotas.define_quota(QUOTA, limit)
-        conn.execute("VACUUM ANALYZE seed002.t_log_count, pgcounters.quota_usage")
+        conn.execute("VACUUM ANALYZE reference_quota.t_log_count, pgcounters.quota_usage")
 
 
 def _caller(variant: str, conn: Conn) -> Call:
-    if variant == "seed":
+    if variant == "reference":
 
-        def seed_call() -> bool:
-            row = conn.execute("SELECT * FROM seed002.register_call(%s)", (SEED_CUSTOMER,))
+        def reference_call() -> bool:
+            row = conn.execute("SELECT * FROM reference_quota.register_call(%s)", (CUSTOMER,))
             got = row.fetchone()
             assert got is not None
-            # the seed's rule: allowed when counter_limit = counter_limit_real
+            # the reference rule: allowed when counter_limit = counter_limit_real
             return bool(got[2] == got[3])
 
-        return seed_call
+        return reference_call
     quotas = Quotas(conn, synchronous_commit=variant == "pgcounters")
     quotas.quota(QUOTA)  # schema checked before the clock starts
 
@@ -90,11 +94,11 @@ def _caller(variant: str, conn: Conn) -> Call:
 def _check(dsn: str, variant: str, calls: int, granted: int, limit: int) -> tuple[bool, int]:
     """(exact, windows over the limit) from the stored rows of the run."""
     with connect(dsn) as conn:
-        if variant == "seed":
+        if variant == "reference":
             rows = conn.execute(
-                "SELECT counter_limit, counter_limit_real FROM seed002.t_log_count "
+                "SELECT counter_limit, counter_limit_real FROM reference_quota.t_log_count "
                 "WHERE customer_id = %s",
-                (SEED_CUSTOMER,),
+                (CUSTOMER,),
             ).fetchall()
         else:
             rows = conn.execute(
@@ -153,12 +157,13 @@ def quota(dsn: str, repeat: int, quick: bool) -> Scenario:
     per_client = 50 if quick else 500
     scenario = Scenario(
         "quota",
-        f"Seed 002: register_call, each call its own transaction, half of them over the limit; "
+        "The reference quota technique's register_call, each call its own transaction, half of "
+        f"them over the limit; "
         f"{single} calls on one connection, then 8 clients x {per_client} calls for one hot "
         "subject (hot8-*).",
         unit="calls",
     )
-    scenario.headline = ("pgcounters", "seed")
+    scenario.headline = ("pgcounters", "reference")
     prepare(dsn)
     for i in range(repeat):
         # the order rotates from one repeat to the next: a variant that follows another
