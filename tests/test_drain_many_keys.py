@@ -60,20 +60,34 @@ def test_a_drain_of_deltas_that_keep_values_in_their_band_updates_heap_only(
     assert pc.get_many("views", keys) == [8] * 20
 
 
-def test_rank_bands_are_monotonic_and_coarse_at_the_bottom(conn: Conn) -> None:
+def test_rank_bands_are_monotonic_and_coarse_at_the_bottom(conn: Conn, pc: Counters) -> None:
     edges = [-(2**63), -(2**63) + 1, 2**63 - 1, 2**63 - 2]
     for k in range(1, 63):
         edges += [2**k + d for d in (-1, 0, 1)] + [-(2**k) + d for d in (-1, 0, 1)]
     values = sorted(set(edges) | set(range(-100, 101)))
+    pc.create_counter("edges", key=int)
+    _values(conn, "edges", list(enumerate(values)))
     rows = conn.execute(
-        "SELECT v, pgcounters._rank_band(v) FROM unnest(%s::bigint[]) AS v ORDER BY v", (values,)
+        "SELECT value, band FROM pgcounters.counters WHERE target_id = %s ORDER BY value",
+        (pc.counter("edges").id,),
     ).fetchall()
+    assert [int(v) for v, _ in rows] == values
     bands = [int(b) for _, b in rows]
     assert bands == sorted(bands)  # a greater value never has a lower band
     by_value = {int(v): int(b) for v, b in rows}
     assert {by_value[v] for v in range(-16, 16)} == {0}
     assert (by_value[16], by_value[31], by_value[32], by_value[-17]) == (1, 1, 2, -1)
     assert (by_value[2**63 - 1], by_value[-(2**63)]) == (59, -59)
+    # an update recomputes the band
+    conn.execute(
+        "UPDATE pgcounters.counters SET value = 40 WHERE target_id = %s AND key = '{0}'",
+        (pc.counter("edges").id,),
+    )
+    row = conn.execute(
+        "SELECT band FROM pgcounters.counters WHERE target_id = %s AND key = '{0}'",
+        (pc.counter("edges").id,),
+    ).fetchone()
+    assert row == (2,)
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 10, 57, 500])

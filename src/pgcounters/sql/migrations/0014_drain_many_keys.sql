@@ -18,45 +18,31 @@
 -- ---------------------------------------------------------------------------
 
 -- The band of a value: 0 for -16 .. 15, then one band per power of two (16 ..
--- 31 is band 1, 32 .. 63 band 2, ...), mirrored below zero (-32 .. -17 is band
--- -1). Monotonic: a greater value never has a lower band, so the N greatest
--- values are among the rows of the N first rows' bands. A young key's first
--- increments stay in band 0; a key's band changes about once per doubling of
--- its value. Plain SQL (inlined by the planner): width_bucket is a binary
--- search in C over the thresholds.
-CREATE FUNCTION pgcounters._rank_band(p_value bigint) RETURNS smallint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (CASE WHEN p_value >= 0 THEN width_bucket(p_value, '{
-        16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
-        262144, 524288, 1048576, 2097152, 4194304, 8388608, 16777216, 33554432, 67108864,
-        134217728, 268435456, 536870912, 1073741824, 2147483648, 4294967296, 8589934592,
-        17179869184, 34359738368, 68719476736, 137438953472, 274877906944, 549755813888,
-        1099511627776, 2199023255552, 4398046511104, 8796093022208, 17592186044416,
-        35184372088832, 70368744177664, 140737488355328, 281474976710656, 562949953421312,
-        1125899906842624, 2251799813685248, 4503599627370496, 9007199254740992,
-        18014398509481984, 36028797018963968, 72057594037927936, 144115188075855872,
-        288230376151711744, 576460752303423488, 1152921504606846976, 2305843009213693952,
-        4611686018427387904
-    }'::bigint[])
-                 ELSE -width_bucket(-(p_value + 1), '{
-        16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
-        262144, 524288, 1048576, 2097152, 4194304, 8388608, 16777216, 33554432, 67108864,
-        134217728, 268435456, 536870912, 1073741824, 2147483648, 4294967296, 8589934592,
-        17179869184, 34359738368, 68719476736, 137438953472, 274877906944, 549755813888,
-        1099511627776, 2199023255552, 4398046511104, 8796093022208, 17592186044416,
-        35184372088832, 70368744177664, 140737488355328, 281474976710656, 562949953421312,
-        1125899906842624, 2251799813685248, 4503599627370496, 9007199254740992,
-        18014398509481984, 36028797018963968, 72057594037927936, 144115188075855872,
-        288230376151711744, 576460752303423488, 1152921504606846976, 2305843009213693952,
-        4611686018427387904
-    }'::bigint[])
-            END)::smallint
-$$;
-
--- the table is rewritten once (a new stored column): ACCESS EXCLUSIVE for the
--- time it takes to copy pgcounters.counters
+-- 31 is band 1, 32 .. 63 band 2, ... up to 59), mirrored below zero (-32 ..
+-- -17 is band -1). Monotonic: a greater value never has a lower band, so the N
+-- greatest values are among the rows of the N first rows' bands. A young key's
+-- first increments stay in band 0; a key's band changes about once per
+-- doubling of its value. width_bucket is a binary search in C over the
+-- thresholds; a stored generated column is right for every writer of the table
+-- (drain, add_direct, recount, hand-written SQL) without any of them knowing.
+-- The table is rewritten once (a new stored column): ACCESS EXCLUSIVE for the
+-- time it takes to copy pgcounters.counters.
 ALTER TABLE pgcounters.counters
-    ADD COLUMN band smallint GENERATED ALWAYS AS (pgcounters._rank_band(value)) STORED;
+    ADD COLUMN band smallint GENERATED ALWAYS AS ((
+        CASE WHEN value >= 0 THEN 1 ELSE -1 END
+        * width_bucket(CASE WHEN value >= 0 THEN value ELSE -(value + 1) END, '{
+            16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
+            262144, 524288, 1048576, 2097152, 4194304, 8388608, 16777216, 33554432, 67108864,
+            134217728, 268435456, 536870912, 1073741824, 2147483648, 4294967296, 8589934592,
+            17179869184, 34359738368, 68719476736, 137438953472, 274877906944, 549755813888,
+            1099511627776, 2199023255552, 4398046511104, 8796093022208, 17592186044416,
+            35184372088832, 70368744177664, 140737488355328, 281474976710656, 562949953421312,
+            1125899906842624, 2251799813685248, 4503599627370496, 9007199254740992,
+            18014398509481984, 36028797018963968, 72057594037927936, 144115188075855872,
+            288230376151711744, 576460752303423488, 1152921504606846976, 2305843009213693952,
+            4611686018427387904
+        }'::bigint[])
+    )::smallint) STORED;
 
 DROP INDEX pgcounters.counters_top;
 
