@@ -158,17 +158,13 @@ SELECT w.ord, coalesce(c.value, 0)
   LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
 
 -- name: top_named
--- The rows of the bands of the n first rows by band (counters_rank), ordered by
--- value: a band is monotonic in the value, so no row outside them can rank.
-SELECT c.key, c.value
-  FROM pgcounters.counters AS c
- WHERE c.target_id = %(t)s
-   AND c.band >= (SELECT min(b.band)
-                    FROM (SELECT r.band FROM pgcounters.counters AS r
-                           WHERE r.target_id = %(t)s
-                           ORDER BY r.band DESC
-                           LIMIT %(n)s) AS b)
- ORDER BY c.value DESC, c.key
+-- The band is monotonic in the value, so this order is ORDER BY value DESC, key;
+-- the index (target_id, band DESC) gives the bands from the top, an incremental
+-- sort orders each band, and the scan stops after the band holding the n-th row.
+SELECT key, value
+  FROM pgcounters.counters
+ WHERE target_id = %(t)s
+ ORDER BY band DESC, value DESC, key
  LIMIT %(n)s;
 
 -- name: top_column
