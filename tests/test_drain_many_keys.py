@@ -173,3 +173,33 @@ def test_two_counters_on_one_parent_table_apply_in_one_batch(conn: Conn, pc: Cou
     assert (batch.deltas, batch.keys, batch.busy) == (180, 100, 0)
     rows = conn.execute("SELECT id, likes, shares FROM post ORDER BY id").fetchall()
     assert rows == [(k, k + 1, 2 * k) for k in range(1, 51)]
+
+
+def test_top_of_a_large_counter_reads_the_bands_through_the_index(conn: Conn, pc: Counters) -> None:
+    """The plan of top(): the rank index, an incremental sort per band, no parallel workers
+    and no sort of every row (checked in the plan, not by timing)."""
+    pc.create_counter("big", key=int)
+    conn.execute(
+        "INSERT INTO pgcounters.counters (target_id, key, value)"
+        " SELECT %s, ARRAY[g::text], (1000000 / (1 + (g::bigint * 7919) %% 1000000))::bigint"
+        "   FROM generate_series(1, 1000000) AS g",
+        (pc.counter("big").id,),
+    )
+    conn.execute("ANALYZE pgcounters.counters")
+    row = conn.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + sqlfiles.query("top_named"),
+        {"t": pc.counter("big").id, "n": 10},
+    ).fetchone()
+    assert row is not None
+    plan = str(row[0])
+    assert "counters_rank" in plan
+    assert "Incremental Sort" in plan
+    assert "Gather" not in plan
+    assert "Seq Scan" not in plan
+    top = pc.top("big", 10)
+    full = conn.execute(
+        "SELECT key, value FROM pgcounters.counters WHERE target_id = %s"
+        " ORDER BY value DESC, key LIMIT 10",
+        (pc.counter("big").id,),
+    ).fetchall()
+    assert top == [((int(k[0]),), int(v)) for k, v in full]
