@@ -81,7 +81,7 @@ LANGUAGE plproxy AS $$
     SELECT c.key AS key, c.value AS value
       FROM pgcounters.counters AS c JOIN pgcounters.targets AS t ON t.id = c.target_id
      WHERE t.name = p_name
-     ORDER BY c.value DESC, c.key
+     ORDER BY c.band DESC, c.value DESC, c.key
      LIMIT p_n;
 $$;
 

@@ -236,10 +236,13 @@ SELECT w.ord, coalesce(c.value, 0)
 
 -- name: top_named
 -- the n highest values of a named counter
+-- The band is monotonic in the value, so this order is ORDER BY value DESC, key;
+-- the index (target_id, band DESC) gives the bands from the top, an incremental
+-- sort orders each band, and the scan stops after the band holding the n-th row.
 SELECT key, value
   FROM pgcounters.counters
  WHERE target_id = %(t)s
- ORDER BY value DESC, key
+ ORDER BY band DESC, value DESC, key
  LIMIT %(n)s;
 
 -- name: top_column

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pgcounters.demos.bench import blog, columns, drain, hot, quota
+from pgcounters.demos.bench import blog, columns, drain, drain_keys, hot, quota
 from pgcounters.demos.bench.report import LISTENERS, Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
@@ -62,6 +62,8 @@ SCENARIOS: dict[str, Runner] = {
     "drain": drain.drain,
     "drain-lag": drain.drain_lag,
     "drain-busy": drain.drain_busy,
+    "drain-keys": drain_keys.drain_keys,
+    "top-named": drain_keys.top_named,
     "trigger-overhead": blog.trigger_overhead,
     "top-n": blog.top_n,
     "exact-read": blog.exact_read,
