@@ -37,6 +37,7 @@ from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.specs import ColumnTarget, CounterSpec
+from pgcounters.sqlfiles import query
 from pgcounters.triggers import declared
 
 Progress = Callable[[str, int], None]
@@ -160,13 +161,24 @@ def _batch(
     cache = {} if resolved is None else resolved
     with translated(), conn.transaction():
         row = conn.execute(
-            "SELECT fingerprint, cursor_key FROM pgcounters.backfills WHERE name = %s"
-            " FOR UPDATE SKIP LOCKED",
+            "SELECT fingerprint, cursor_key, stale_since, stale_statements"
+            " FROM pgcounters.backfills WHERE name = %s FOR UPDATE SKIP LOCKED",
             (name,),
         ).fetchone()
         if row is None:  # finished, or another process is running a batch of it
             return 0, False
         fingerprint, cursor = row[0], row[1]
+        stale = None if row[2] is None else (row[2], row[3])
+        if cursor is None:
+            # the counter's stale mark as its first batch starts: every key is backfilled
+            # from a later snapshot, so the writes that mark counts are in its truth (as in a
+            # whole recount's); a mark that changes meanwhile stays when the backfill ends
+            stale = conn.execute(query("stale_mark"), {"name": name}).fetchone()
+            conn.execute(
+                "UPDATE pgcounters.backfills SET stale_since = %s, stale_statements = %s"
+                " WHERE name = %s",
+                (None, None, name) if stale is None else (stale[0], stale[1], name),
+            )
         if name in cache and cache[name][0].fingerprint == fingerprint:
             spec, target = cache[name]
         else:
@@ -193,6 +205,11 @@ def _batch(
             texts = [list(k) for k in keys]
             held_texts = [list(k) for k in held]
         if not keys:
+            if stale is not None:
+                conn.execute(
+                    query("clear_stale"),
+                    {"name": name, "since": stale[0], "statements": stale[1]},
+                )
             cancel(conn, name)
             return 0, False
         # the cursor stops before the first key whose row an application held (the recount

@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import partial
 from typing import Any, TypeVar
 
@@ -45,8 +46,15 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from pgcounters.client import record_retry, retry_reason
-from pgcounters.compiler import ensure_target_call, part_text, truth_query, typed_key_part
+from pgcounters.client import record_retry, retry_reason, value_of
+from pgcounters.compiler import (
+    column_units,
+    column_value,
+    ensure_target_call,
+    part_text,
+    truth_query,
+    typed_key_part,
+)
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import BatchAborted, InvalidCounterDefinition
@@ -119,8 +127,8 @@ KeyRange = tuple[Any, Any]
 @dataclass(frozen=True)
 class Mismatch:
     key: tuple[Any, ...]
-    expected: int  # the truth
-    actual: int  # stored + pending
+    expected: int | Decimal  # the truth (a Decimal for a sum of decimals)
+    actual: int | Decimal  # stored + pending
 
 
 @dataclass
@@ -234,8 +242,19 @@ def verify(conn: Conn, counter: CounterSpec | str, *, sample: int | None = None)
         if key is None:  # the summary row
             checked = int(actual)
             continue
-        mismatches.append(Mismatch(decode_key(key, spec.key_types), int(expected), int(actual)))
+        mismatches.append(
+            Mismatch(
+                decode_key(key, spec.key_types),
+                _value(spec, expected),
+                _value(spec, actual),
+            )
+        )
     return VerifyResult(spec.name, checked, mismatches)
+
+
+def _value(spec: CounterSpec, units: Any) -> int | Decimal:
+    """A value in units as the counter reads it (a sum of decimals: a Decimal)."""
+    return int(units) if spec.scale is None else value_of(spec.scale, units)
 
 
 _COMPARE = """
@@ -262,7 +281,7 @@ def _verify_column(spec: CounterSpec, target: int, sample: int | None) -> sql.Co
         "WITH keys AS MATERIALIZED ({keys}), truth AS ({truth}), pending AS ({pending}),"
         " compared AS ("
         " SELECT {text_key} AS key,"
-        " coalesce(x.{c}, 0) + coalesce(p.delta, 0) AS actual,"
+        " coalesce({stored}, 0) + coalesce(p.delta, 0) AS actual,"
         " coalesce(t.delta, 0) AS expected"
         " FROM {p} AS x JOIN keys ON keys.k = x.{k}"
         " LEFT JOIN truth AS t ON t.key = {text_key}"
@@ -273,7 +292,7 @@ def _verify_column(spec: CounterSpec, target: int, sample: int | None) -> sql.Co
         truth=truth,
         pending=_pending(target),
         k=k,
-        c=c,
+        stored=column_units(spec, sql.SQL("x.{}").format(c)),
         p=parent,
         compare=sql.SQL(_COMPARE),
     )
@@ -577,14 +596,15 @@ def _recount_column(
             " LEFT JOIN truth AS t ON t.key = {text_key}"
             " LEFT JOIN pending AS p ON p.key = {text_key}"
             " WHERE x.{k} = ANY ({keys}))"
-            " UPDATE {p} AS x SET {c} = w.value FROM wanted AS w"
-            " WHERE x.{k} = w.k AND x.{c} IS DISTINCT FROM w.value"
+            " UPDATE {p} AS x SET {c} = {value} FROM wanted AS w"
+            " WHERE x.{k} = w.k AND x.{c} IS DISTINCT FROM {value}"
         ).format(
             truth=truth,
             pending=_pending(target, text_keys),
             text_key=_parent_key_text(spec, sql.SQL("x.{}").format(k)),
             k=k,
             c=c,
+            value=column_value(spec, sql.SQL("w.value")),
             p=parent,
             keys=mine,
         )

@@ -25,18 +25,21 @@ SELECT pgcounters.create_column_counter(
 SELECT pgcounters.drop_counter(%(name)s);
 
 -- name: target_by_name
-SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
-  FROM pgcounters.targets
+SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column,
+       (to_jsonb(t) ->> 'scale')::integer  -- from schema version 13 (NULL before it)
+  FROM pgcounters.targets AS t
  WHERE name = %(name)s;
 
 -- name: targets_by_names
-SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
-  FROM pgcounters.targets
+SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column,
+       (to_jsonb(t) ->> 'scale')::integer  -- from schema version 13 (NULL before it)
+  FROM pgcounters.targets AS t
  WHERE name = ANY (%(names)s::text[]);
 
 -- name: list_targets
-SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
-  FROM pgcounters.targets
+SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column,
+       (to_jsonb(t) ->> 'scale')::integer  -- from schema version 13 (NULL before it)
+  FROM pgcounters.targets AS t
  ORDER BY name;
 
 -- name: enqueue
@@ -98,7 +101,7 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
                          WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
-       (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
+       (coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
@@ -109,12 +112,12 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
                          WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
-       (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
+       (coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: stored_column
-SELECT coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
+SELECT coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
 
 -- name: exact_named_many
 -- (refused while the counter is backfilled: pgcounters._backfilling)
@@ -165,7 +168,7 @@ SELECT key, value
  LIMIT %(n)s;
 
 -- name: top_column
-SELECT x.{key_column}::text, x.{column}
+SELECT x.{key_column}::text, {units}
   FROM {table} AS x
  ORDER BY x.{column} DESC NULLS LAST, x.{key_column}
  LIMIT %(n)s;

@@ -4,7 +4,9 @@ Add ``"pgtrigger"`` and ``"pgcounters.contrib.django"`` to ``INSTALLED_APPS``.
 """
 
 from pgcounters.contrib.django.declarations import (
+    CounterColumn,
     CountField,
+    DecimalSumField,
     NamedCounter,
     SumField,
     declared_counters,
@@ -14,6 +16,8 @@ from pgcounters.contrib.django.expressions import Exact
 
 __all__ = [
     "CountField",
+    "CounterColumn",
+    "DecimalSumField",
     "Exact",
     "NamedCounter",
     "SumField",

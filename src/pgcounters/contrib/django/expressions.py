@@ -7,7 +7,7 @@ from typing import Any
 from django.db import models
 from django.db.models.expressions import Expression
 
-from pgcounters.contrib.django.declarations import CountField
+from pgcounters.contrib.django.declarations import CounterColumn
 from pgcounters.errors import ReplicaError
 from pgcounters.specs import ColumnTarget, CounterSpec
 
@@ -24,7 +24,7 @@ class Exact(Expression):
     def __init__(self, field_name: str) -> None:
         super().__init__()
         self.field_name = field_name
-        self._counter: CountField | None = None
+        self._counter: CounterColumn | None = None
         self._column: Any = None
         self._key: Any = None
 
@@ -32,9 +32,13 @@ class Exact(Expression):
         copy: Exact = super().resolve_expression(query, *args, **kwargs)
         model = query.model
         field = model._meta.get_field(self.field_name)
-        if not isinstance(field, CountField):
+        if not isinstance(field, CounterColumn):
             raise TypeError(f"{model.__name__}.{self.field_name} is not a pgcounters counter")
         spec = field.spec()
+        if spec.scale is not None:  # an exact sum of decimals reads as its own DecimalField
+            copy.output_field = models.DecimalField(  # type: ignore[assignment]
+                max_digits=getattr(field, "max_digits", None), decimal_places=spec.scale
+            )
         copy._counter = field
         copy._name = spec.name  # type: ignore[attr-defined]
         copy._column = models.F(self.field_name).resolve_expression(query, *args, **kwargs)
@@ -53,6 +57,10 @@ class Exact(Expression):
             " (SELECT t.id FROM pgcounters.targets AS t WHERE t.name = %s)"
             " AND q.key = ARRAY[({key})::text]::text), 0)"
         )
+        scale = self._counter.counter_places if self._counter is not None else None
+        if scale is not None:  # deltas in units of 10^-scale, added to a decimal column
+            pending = pending.replace(" + coalesce(", " + pgcounters.unscaled(coalesce(", 1)
+            pending = pending[: -len(", 0)")] + f", 0), {int(scale)})"
         queues = ["queue"]
         if _on_standby(connection):
             # a hot standby cannot plan a statement naming an unlogged table
@@ -105,11 +113,10 @@ def truth_of_key(spec: CounterSpec, key_sql: str) -> str:
     from pgcounters.recount import _key_expr
 
     extra = sql.SQL("{} = {}").format(_key_expr(spec), sql.SQL(key_sql))
-    return (
-        sql.SQL("SELECT coalesce(sum(k.delta), 0) FROM ({}) AS k")
-        .format(truth_query(spec, extra))
-        .as_string()
-    )
+    total: sql.Composable = sql.SQL("coalesce(sum(k.delta), 0)")
+    if spec.scale is not None:  # the truth in units, as a decimal
+        total = sql.SQL("pgcounters.unscaled({}, {})").format(total, sql.Literal(spec.scale))
+    return sql.SQL("SELECT {} FROM ({}) AS k").format(total, truth_query(spec, extra)).as_string()
 
 
 def _on_standby(connection: Any) -> bool:
