@@ -104,6 +104,7 @@ def orm_truths() -> list[truth.Truth]:
             for field in ("total", "total_unlogged", "total_direct")
         ),
         _column("ledger.invoice.lines_count", Invoice, "lines_count", Sum("lines__quantity")),
+        _column("ledger.invoice.replicated_lines", Invoice, "replicated_lines", Count("lines")),
         truth.from_rows(
             "ledger.amount_per_day",
             lambda conn: {

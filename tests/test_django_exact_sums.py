@@ -11,15 +11,16 @@ from decimal import Decimal
 
 import psycopg
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.db.models import Sum
 from django.test import Client
 
 import truth
 from ledger.models import Invoice, Line, amount_per_day
-from pgcounters import Counters
+from pgcounters import Counters, triggers
 from pgcounters.connection import Conn
-from pgcounters.contrib.django import DecimalSumField, Exact, SumField
+from pgcounters.contrib.django import CountField, DecimalSumField, Exact, SumField
 from pgcounters.contrib.django.db import dsn
 from pgcounters.contrib.django.declarations import _summed_column
 from pgcounters.errors import InvalidCounterDefinition
@@ -170,3 +171,36 @@ def test_sums_of_decimals_need_their_decimal_places() -> None:
     with pytest.raises(InvalidCounterDefinition, match="integer field: its sum is an integer"):
         _summed_column(Line, "quantity", 2)
     assert _summed_column(Line, "amount", 2) == ("amount", 2)
+
+
+def test_replica_writes_count_is_a_field_option_applied_by_migrate(worker: Conn) -> None:
+    counting = "ledger.invoice.replicated_lines"
+    invoice = Invoice.objects.create()
+    with psycopg.connect(dsn(), autocommit=True) as replica:
+        replica.execute("SET session_replication_role = replica")
+        replica.execute(
+            "INSERT INTO ledger_line (invoice_id, amount, quantity, day)"
+            " VALUES (%s, 1.5, 1, '2026-11-21'), (%s, 2.5, 1, '2026-11-21')",
+            (invoice.pk, invoice.pk),
+        )
+    states = {d.name: d.state for d in triggers.drift(worker)}
+    assert states[counting] == "installed"
+    assert states["ledger.invoice.total"] == "stale"  # the default: flagged, not counted
+    assert Invoice.objects.annotate(n=Exact("replicated_lines")).get(pk=invoice.pk).n == 2
+    # a choice changed by hand is put back by migrate
+    triggers.set_replica_writes(worker, counting, "flag")
+    call_command("migrate", verbosity=0)
+    row = worker.execute(
+        "SELECT replica_writes FROM pgcounters.specs WHERE name = %s", (counting,)
+    ).fetchone()
+    assert row == ("count",)
+    for name, state in states.items():  # the counters that missed the rows catch up
+        if state == "stale":
+            recount(worker, name)
+    assert {d.state for d in triggers.drift(worker)} == {"installed"}
+    truth.assert_exact(worker, TRUTHS)
+
+
+def test_replica_writes_takes_flag_or_count() -> None:
+    with pytest.raises(InvalidCounterDefinition, match="'flag' or 'count'"):
+        CountField("lines", replica_writes="always")  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ import datetime as dt
 
 from django.db import models
 
-from pgcounters.contrib.django import SumField, register_counter
+from pgcounters.contrib.django import CountField, SumField, register_counter
 
 
 class Invoice(models.Model):
@@ -15,6 +15,8 @@ class Invoice(models.Model):
     total_unlogged = SumField("lines", "amount", decimal_places=2, max_digits=14, mode="unlogged")
     total_direct = SumField("lines", "amount", decimal_places=2, max_digits=14, mode="direct")
     lines_count = SumField("lines", "quantity")
+    # lines written by a logical replication apply (replica mode) are counted too
+    replicated_lines = CountField("lines", replica_writes="count")
 
 
 class Line(models.Model):

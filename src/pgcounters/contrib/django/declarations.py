@@ -28,6 +28,7 @@ from pgcounters.client import Mode
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.keys import Key, KeyType
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
+from pgcounters.triggers import ReplicaWrites
 
 _KEY_TYPES: dict[str, KeyType] = {
     "AutoField": "bigint",
@@ -146,11 +147,13 @@ class CounterColumn(models.Field):  # type: ignore[type-arg]
         filter: models.Q | None = None,
         *,
         mode: Mode = "queued",
+        replica_writes: ReplicaWrites = "flag",
         **kwargs: Any,
     ) -> None:
         self.relation = relation
         self.counter_filter = filter
         self.counter_mode: Mode = mode
+        self.counter_replica_writes = _replica_writes(replica_writes)
         kwargs.setdefault("default", 0)
         kwargs.setdefault("editable", False)
         kwargs.setdefault("db_index", True)
@@ -274,6 +277,14 @@ class DecimalSumField(CounterColumn, models.DecimalField):  # type: ignore[type-
         self.counter_places = decimal_places
 
 
+def _replica_writes(value: object) -> ReplicaWrites:
+    """``"flag"`` (rows written with ``session_replication_role = replica`` mark the
+    counter stale until a recount) or ``"count"`` (its triggers count them too)."""
+    if value not in ("flag", "count"):
+        raise InvalidCounterDefinition(f"replica_writes is 'flag' or 'count', not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class NamedCounter:
     """A named counter over a model, declared with :func:`register_counter`."""
@@ -284,6 +295,7 @@ class NamedCounter:
     filter: models.Q | None = None
     sum: str | None = None
     mode: Mode = "queued"
+    replica_writes: ReplicaWrites = "flag"
 
     def spec(self) -> CounterSpec:
         fields = [self.model._meta.get_field(k) for k in self.keys]
@@ -357,11 +369,34 @@ def register_counter(
     filter: models.Q | None = None,
     sum: str | None = None,
     mode: Mode = "queued",
+    replica_writes: ReplicaWrites = "flag",
 ) -> NamedCounter:
-    """Declare a named counter over ``model`` (global when ``keys`` is empty)."""
-    counter = NamedCounter(name, model, tuple(keys), filter, sum, mode)
+    """Declare a named counter over ``model`` (global when ``keys`` is empty).
+
+    ``replica_writes``: what the counter does with rows written with
+    ``session_replication_role = replica`` (see :func:`pgcounters.triggers.set_replica_writes`);
+    ``migrate`` applies it.
+    """
+    counter = NamedCounter(
+        name, model, tuple(keys), filter, sum, mode, _replica_writes(replica_writes)
+    )
     _named[name] = counter
     return counter
+
+
+def replica_writes() -> dict[str, ReplicaWrites]:
+    """The ``replica_writes`` choice of every declared counter, by name (``migrate`` applies
+    them). Needs the app registry."""
+    from django.apps import apps
+
+    out: dict[str, ReplicaWrites] = {}
+    for model in apps.get_models():
+        for field in model._meta.get_fields():
+            if isinstance(field, CounterColumn):
+                out[field.spec().name] = field.counter_replica_writes
+    for counter in _named.values():
+        out[counter.name] = counter.replica_writes
+    return out
 
 
 def declared_counters() -> list[tuple[type[models.Model], CounterSpec]]:
