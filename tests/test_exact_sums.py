@@ -4,6 +4,7 @@ recount give and compare Decimals. Float and unconstrained numeric sums are refu
 
 from __future__ import annotations
 
+import json
 import random
 from decimal import Decimal
 from typing import Any
@@ -12,7 +13,7 @@ import psycopg
 import pytest
 
 import truth
-from pgcounters import Counters, backfill, triggers
+from pgcounters import Counters, backfill, cli, triggers
 from pgcounters.batching import BatchingCounters
 from pgcounters.connection import Conn
 from pgcounters.errors import (
@@ -355,3 +356,23 @@ def test_event_counters_refuse_a_decimal_counter(conn: Conn, dsn: str) -> None:
     ):
         batching.incr(ALL, None, 1)
     assert Counters(conn).get_decimal(ALL) == 0
+
+
+def test_the_cli_reads_and_verifies_decimal_counters(
+    conn: Conn, dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _shop(conn)
+    conn.execute("INSERT INTO shop_line (order_id, amount) VALUES (1, 0.4), (1, 0.4), (2, 1.05)")
+    Counters(conn).drain()
+    assert cli.run(["--dsn", dsn, "get", TOTAL, "1"]) == 0
+    assert capsys.readouterr().out == "0.80\n"
+    assert cli.run(["--dsn", dsn, "top", ALL]) == 0
+    assert capsys.readouterr().out == "-\t1.85\n"
+    tamper(conn, "UPDATE shop_order SET total = total + 0.01 WHERE id = 2")
+    assert cli.run(["--dsn", dsn, "verify", TOTAL]) == 5
+    assert "key 2: stored + pending 1.06, truth 1.05 (+0.01)" in capsys.readouterr().out
+    assert cli.run(["--dsn", dsn, "verify", TOTAL, "--json"]) == 5
+    (counter,) = json.loads(capsys.readouterr().out)["counters"]
+    assert counter["differences"] == [
+        {"key": [2], "expected": "1.05", "actual": "1.06", "difference": "0.01"}
+    ]

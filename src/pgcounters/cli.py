@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
@@ -158,6 +159,11 @@ def _cmd_backfill(args: argparse.Namespace, dsn: str) -> int:
     return EXIT_OK
 
 
+def _exact_json(value: int | Decimal) -> int | str:
+    """A value for JSON: an int as it is, a Decimal as its exact text (a float is not)."""
+    return str(value) if isinstance(value, Decimal) else value
+
+
 def _cmd_incr(args: argparse.Namespace, dsn: str) -> int:
     with connect(dsn) as conn:
         pc = Counters(conn)
@@ -171,14 +177,19 @@ def _cmd_incr(args: argparse.Namespace, dsn: str) -> int:
 def _cmd_get(args: argparse.Namespace, dsn: str) -> int:
     with connect(dsn) as conn:
         pc = Counters(conn)
-        key = _parse_key(args.key, pc.counter(args.name).key_types)
-        print(pc.get(args.name, key, exact=not args.stored))
+        counter = pc.counter(args.name)
+        key = _parse_key(args.key, counter.key_types)
+        # a sum of decimals reads as a decimal
+        read = pc.get if counter.scale is None else pc.get_decimal
+        print(read(args.name, key, exact=not args.stored))
     return EXIT_OK
 
 
 def _cmd_top(args: argparse.Namespace, dsn: str) -> int:
     with connect(dsn) as conn:
-        rows = Counters(conn).top(args.name, args.n)
+        pc = Counters(conn)
+        read = pc.top if pc.counter(args.name).scale is None else pc.top_decimal
+        rows: list[tuple[Any, object]] = list(read(args.name, args.n))
     for key, value in rows:
         print(f"{','.join(str(p) for p in key) or '-'}\t{value}")
     return EXIT_OK
@@ -961,8 +972,10 @@ def report_verify(
             "counters": [
                 {"name": r.name, "keys_checked": r.keys_checked, "keys_off": len(r.mismatches),
                  "differences": [
-                     {"key": _key_json(m.key), "expected": m.expected, "actual": m.actual,
-                      "difference": m.actual - m.expected}
+                     # a sum of decimals: exact decimal strings ("4.00"), not floats
+                     {"key": _key_json(m.key), "expected": _exact_json(m.expected),
+                      "actual": _exact_json(m.actual),
+                      "difference": _exact_json(m.actual - m.expected)}
                      for m in r.mismatches[: show]]}
                 for r in results
             ],
@@ -984,7 +997,7 @@ def report_verify(
             key = ",".join(str(p) for p in m.key) or "-"
             print(
                 f"  key {key}: stored + pending {m.actual}, truth {m.expected} "
-                f"({m.actual - m.expected:+d})"
+                f"({m.actual - m.expected:+})"
             )
         if len(r.mismatches) > show:
             print(f"  ... and {len(r.mismatches) - show} more")
