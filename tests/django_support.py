@@ -9,12 +9,14 @@ written here by hand: it shares no code with the triggers, ``verify`` or
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 from typing import Any
 
 from blog.models import Article, User
 from django.db.models import Count, Q, Sum
 
 import truth
+from ledger.models import Invoice, Line
 from members.models import Member, Post
 from oddnames.models import Item, Owner
 from pgcounters import Counters
@@ -30,7 +32,10 @@ def drain() -> None:
 
 def _per_pk(rows: Callable[[], Iterable[tuple[Any, Any]]]) -> truth.Reader:
     def read(conn: Conn) -> truth.Values:
-        return {(pk,): int(value or 0) for pk, value in rows()}
+        # a sum of a DecimalField stays a Decimal (exact), anything else is an int
+        return {
+            (pk,): value if isinstance(value, Decimal) else int(value or 0) for pk, value in rows()
+        }
 
     return read
 
@@ -92,6 +97,22 @@ def orm_truths() -> list[truth.Truth]:
                 .values("user")
                 .annotate(n=Count("pk"))
                 .values_list("user", "n")
+            },
+        ),
+        *(
+            _column(f"ledger.invoice.{field}", Invoice, field, Sum("lines__amount"))
+            for field in ("total", "total_unlogged", "total_direct")
+        ),
+        _column("ledger.invoice.lines_count", Invoice, "lines_count", Sum("lines__quantity")),
+        _column("ledger.invoice.replicated_lines", Invoice, "replicated_lines", Count("lines")),
+        truth.from_rows(
+            "ledger.amount_per_day",
+            lambda conn: {
+                (day,): total
+                for day, total in Line.objects.filter(amount__isnull=False)
+                .values("day")
+                .annotate(total=Sum("amount"))
+                .values_list("day", "total")
             },
         ),
         truth.from_rows(

@@ -137,6 +137,8 @@ def test_a_sum_of_a_decimal_or_float_field_is_a_clear_error() -> None:
         total = SumField("lines", "price")
         weight = SumField("lines", "grams")
         quantity = SumField("lines", "quantity")
+        exact = SumField("lines", "price", decimal_places=2, max_digits=12)
+        finer = SumField("lines", "price", decimal_places=3, max_digits=12)
 
         class Meta:
             app_label = "blog"
@@ -150,9 +152,20 @@ def test_a_sum_of_a_decimal_or_float_field_is_a_clear_error() -> None:
         class Meta:
             app_label = "blog"
 
-    for name, kind in (("total", "DecimalField"), ("weight", "FloatField")):
+    for name, message in (
+        (
+            "total",
+            r"is a DecimalField with 2 decimal places: sum it exactly with "
+            r"SumField\(\.\.\., decimal_places=2",
+        ),
+        ("weight", "is a FloatField: floating-point values are not exact"),
+        ("finer", "has 2 decimal places, its sum 3"),
+    ):
         field: Any = Order._meta.get_field(name)
-        with pytest.raises(InvalidCounterDefinition, match=f"is a {kind}: a counter sums integer"):
+        with pytest.raises(InvalidCounterDefinition, match=message):
             field.spec()
+    exact: Any = Order._meta.get_field("exact")
+    assert exact.spec().scale == 2
+    assert exact.get_internal_type() == "DecimalField"
     quantity: Any = Order._meta.get_field("quantity")
     assert quantity.spec().sum == "quantity"

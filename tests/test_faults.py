@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -218,7 +219,7 @@ def _crash_under_load(server: EmbeddedPostgres) -> None:
         batched_increments=batched["made"],
         batched_acked_before_crash=batched["acked"],
         batched_found_before_reflush=batched_before,
-        declared_off_by_before_recount=sum(abs(m.truth - m.found) for m in before),
+        declared_off_by_before_recount=sum(int(abs(Decimal(m.truth) - m.found)) for m in before),
     )
 
 

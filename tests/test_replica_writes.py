@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 import blog_schema
-from pgcounters import Counters, status, triggers
+from pgcounters import Counters, backfill, status, triggers
 from pgcounters.connection import Conn
 from pgcounters.errors import CounterBroken, InvalidCounterDefinition, UnknownCounter
 from pgcounters.recount import recount
@@ -137,3 +137,42 @@ def test_a_failed_recount_keeps_the_stale_mark(dsn: str, conn: Conn) -> None:
     recount(conn, ARTICLE)
     assert {d.name: d.state for d in triggers.drift(conn)}[ARTICLE] == "installed"
     assert _article_values(conn) == _article_truth(conn)
+
+
+def test_a_completed_backfill_clears_the_stale_mark(dsn: str, conn: Conn) -> None:
+    blog_schema.create(conn)
+    triggers.install(conn, blog_schema.specs())
+    with _replica(dsn) as replica:
+        replica.execute(
+            "INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public'),"
+            " (2, 'public'), (3, 'public')"
+        )
+    assert {d.name: d.state for d in triggers.drift(conn)}[ARTICLE] == "stale"
+    with conn.transaction():
+        backfill.request(conn, triggers.spec(conn, ARTICLE))
+    backfill.run(conn, [ARTICLE], batch_size=2)
+    assert backfill.pending(conn) == []
+    assert {d.name: d.state for d in triggers.drift(conn)}[ARTICLE] == "installed"
+    assert _article_values(conn) == _article_truth(conn)
+
+
+def test_a_mark_made_while_a_backfill_runs_stays(dsn: str, conn: Conn) -> None:
+    blog_schema.create(conn)
+    triggers.install(conn, blog_schema.specs())
+    with _replica(dsn) as replica:
+        replica.execute(
+            "INSERT INTO blog_comment (article_id, publish_status) VALUES (4, 'public')"
+        )
+    with conn.transaction():
+        backfill.request(conn, triggers.spec(conn, ARTICLE))
+    assert backfill.step(conn, batch_size=2) == 2  # articles 1 and 2 backfilled
+    with _replica(dsn) as replica:  # a key the backfill has passed: missed again
+        replica.execute(
+            "INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')"
+        )
+    backfill.run(conn, [ARTICLE], batch_size=2)
+    assert backfill.pending(conn) == []
+    assert {d.name: d.state for d in triggers.drift(conn)}[ARTICLE] == "stale"
+    assert _article_values(conn)[1] == _article_truth(conn)[1] - 1
+    recount(conn, ARTICLE)
+    assert {d.name: d.state for d in triggers.drift(conn)}[ARTICLE] == "installed"

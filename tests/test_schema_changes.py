@@ -141,7 +141,9 @@ def test_a_sum_over_a_non_integer_column_is_refused_at_install(
         target=ColumnTarget("blog_article", "score_total"),
         sum="price",
     )
-    with pytest.raises(InvalidCounterDefinition, match="not of an integer type"):
+    with pytest.raises(
+        InvalidCounterDefinition, match="is a decimal: declare the counter with scale=2"
+    ):
         triggers.install(conn, [spec])
     assert triggers.installed(conn) == []
 

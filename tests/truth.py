@@ -28,6 +28,7 @@ import datetime as dt
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, TypeAlias
 
 from psycopg import sql
@@ -36,7 +37,8 @@ from pgcounters import Counters
 from pgcounters.connection import Conn
 
 Key: TypeAlias = tuple[Any, ...]
-Values: TypeAlias = dict[Key, int]
+Number: TypeAlias = int | Decimal  # a sum of decimals (a numeric(p, s) column) is exact too
+Values: TypeAlias = dict[Key, Number]
 Reader: TypeAlias = Callable[[Conn], Values]
 Query: TypeAlias = str | sql.SQL | sql.Composed
 
@@ -70,7 +72,8 @@ def _rows_to_values(rows: Iterable[Sequence[Any]]) -> Values:
         key = tuple(row[:-1])
         if key in out:
             raise AssertionError(f"the truth query returned key {key!r} twice")
-        out[key] = int(row[-1] or 0)
+        value = row[-1] or 0
+        out[key] = value if isinstance(value, Decimal) else int(value)
     return out
 
 
@@ -110,6 +113,17 @@ def _target(conn: Conn, counter: str) -> tuple[int, list[str]] | None:
     return None if row is None else (int(row[0]), list(row[1]))
 
 
+def _scale(conn: Conn, target: int) -> int | None:
+    """Decimal places of a sum of decimals (its values are kept in units of 10^-scale)."""
+    row = conn.execute("SELECT scale FROM pgcounters.targets WHERE id = %s", (target,)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _from_units(scale: int | None, units: int) -> Number:
+    """A value kept in units, read by hand: ``12345`` at scale 2 is ``123.45``."""
+    return units if scale is None else Decimal(units).scaleb(-scale)
+
+
 def _part(text: str | None, key_type: str) -> Any:
     if text is None:
         raise ValueError("a NULL key part")
@@ -137,7 +151,7 @@ def _typed(parts: Sequence[str | None], key_types: Sequence[str]) -> Key | None:
         return None
 
 
-def _held(conn: Conn, target: int) -> dict[tuple[str | None, ...], int]:
+def _held(conn: Conn, target: int) -> dict[tuple[str | None, ...], Number]:
     """Stored + pending per key of a named counter, summed by hand from the tables."""
     rows = conn.execute(
         "SELECT key, sum(v)::bigint FROM ("
@@ -147,14 +161,16 @@ def _held(conn: Conn, target: int) -> dict[tuple[str | None, ...], int]:
         " WHERE target_id = %(t)s) AS h GROUP BY key",
         {"t": target},
     ).fetchall()
-    return {tuple(key): int(value) for key, value in rows}
+    scale = _scale(conn, target)
+    return {tuple(key): _from_units(scale, int(value)) for key, value in rows}
 
 
-def _stored_named(conn: Conn, target: int) -> dict[tuple[str | None, ...], int]:
+def _stored_named(conn: Conn, target: int) -> dict[tuple[str | None, ...], Number]:
     rows = conn.execute(
         "SELECT key, value FROM pgcounters.counters WHERE target_id = %s", (target,)
     ).fetchall()
-    return {tuple(key): int(value) for key, value in rows}
+    scale = _scale(conn, target)
+    return {tuple(key): _from_units(scale, int(value)) for key, value in rows}
 
 
 def pending_deltas(conn: Conn, counter: str) -> int:
@@ -179,8 +195,8 @@ def pending_deltas(conn: Conn, counter: str) -> int:
 class Mismatch:
     counter: str
     key: Any
-    truth: int
-    found: int
+    truth: Number
+    found: Number
     what: str  # "exact" or "stored"
 
     def __str__(self) -> str:
@@ -188,7 +204,11 @@ class Mismatch:
 
 
 def _compare(
-    counter: str, what: str, truth: Mapping[Key, int], found: Mapping[Any, int], keys: Iterable[Any]
+    counter: str,
+    what: str,
+    truth: Mapping[Key, Number],
+    found: Mapping[Any, Number],
+    keys: Iterable[Any],
 ) -> list[Mismatch]:
     out = []
     for key in keys:
@@ -212,13 +232,13 @@ def exact_mismatches(conn: Conn, truth: Truth) -> list[Mismatch]:
         keys = _sorted(stored)  # every parent row
         if recorded is None:  # nothing pending: the column is the whole value
             return _compare(truth.counter, "exact", expected, stored, keys)
-        found = dict(zip(keys, pc.get_many(truth.counter, keys), strict=True))
+        found = dict(zip(keys, _exact(pc, truth.counter, keys), strict=True))
         return _compare(truth.counter, "exact", expected, found, keys)
     if recorded is None:  # nothing stored, nothing pending
         return _compare(truth.counter, "exact", expected, {}, _sorted(expected))
     target, key_types = recorded
     held = _held(conn, target)
-    found_untyped: dict[Any, int] = {}
+    found_untyped: dict[Any, Number] = {}
     typed_keys = set(expected)
     for parts, value in held.items():
         typed = _typed(parts, key_types)
@@ -227,10 +247,18 @@ def exact_mismatches(conn: Conn, truth: Truth) -> list[Mismatch]:
         else:
             typed_keys.add(typed)
     keys = _sorted(typed_keys)
-    exact: dict[Any, int] = dict(zip(keys, pc.get_many(truth.counter, keys), strict=True))
+    exact: dict[Any, Number] = dict(zip(keys, _exact(pc, truth.counter, keys), strict=True))
     out = _compare(truth.counter, "exact", expected, exact, keys)
     out += _compare(truth.counter, "held", {}, found_untyped, _sorted(found_untyped))
     return out
+
+
+def _exact(pc: Counters, counter: str, keys: list[Any]) -> list[Number]:
+    """Exact values through the client: ``get_many``, or ``get_many_decimal`` for a sum of
+    decimals."""
+    if pc.counter(counter).scale is None:
+        return list(pc.get_many(counter, keys))
+    return list(pc.get_many_decimal(counter, keys))
 
 
 def stored_mismatches(conn: Conn, truth: Truth) -> list[Mismatch]:
@@ -242,7 +270,7 @@ def stored_mismatches(conn: Conn, truth: Truth) -> list[Mismatch]:
     recorded = _target(conn, truth.counter)
     rows = {} if recorded is None else _stored_named(conn, recorded[0])
     key_types = [] if recorded is None else recorded[1]
-    found: dict[Any, int] = {}
+    found: dict[Any, Number] = {}
     for parts, value in rows.items():
         typed = _typed(parts, key_types)
         found[parts if typed is None else typed] = value

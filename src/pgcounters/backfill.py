@@ -46,6 +46,7 @@ from pgcounters.recount import (
     _target_id,
 )
 from pgcounters.specs import ColumnTarget, CounterSpec
+from pgcounters.sqlfiles import query
 from pgcounters.triggers import declared
 
 Progress = Callable[[str, int], None]
@@ -164,6 +165,16 @@ def _batch(
         if row is None:  # finished, or another process is running a batch of it
             return 0, False
         fingerprint, cursor = row[0], row[1]
+        stale = None if row[2] is None else (row[2], row[3])
+        if cursor is None:
+            # the counter's stale mark as its first batch starts: every key is backfilled
+            # from a later snapshot, so the writes that mark counts are in its truth (as in a
+            # whole recount's); a mark that changes meanwhile stays when the backfill ends
+            stale = conn.execute(query("stale_mark"), {"name": name}).fetchone()
+            conn.execute(
+                _sql("backfill_stale_mark"),
+                (None, None, name) if stale is None else (stale[0], stale[1], name),
+            )
         if name in cache and cache[name][0].fingerprint == fingerprint:
             spec, target = cache[name]
         else:
@@ -190,6 +201,11 @@ def _batch(
             texts = [list(k) for k in keys]
             held_texts = [list(k) for k in held]
         if not keys:
+            if stale is not None:
+                conn.execute(
+                    query("clear_stale"),
+                    {"name": name, "since": stale[0], "statements": stale[1]},
+                )
             cancel(conn, name)
             return 0, False
         # the cursor stops before the first key whose row an application held (the recount

@@ -17,7 +17,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, get_args
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal, TypeAlias, cast, get_args
 
 import psycopg
 from psycopg import sql
@@ -30,6 +31,7 @@ from pgcounters.errors import (
     DrainError,
     InvalidArgument,
     InvalidCounterDefinition,
+    InvalidDelta,
     ReplicaError,
     ReplicaNotCaughtUp,
     UnknownCounter,
@@ -70,6 +72,9 @@ class Counter:
     table: str | None = None
     column: str | None = None
     key_column: str | None = None
+    scale: int | None = None
+    """Decimal places of a sum of decimals (its values in units of ``10^-scale``);
+    None for an integer counter."""
 
     @property
     def is_column(self) -> bool:
@@ -79,11 +84,41 @@ class Counter:
     def _identifiers(self) -> dict[str, sql.Composable]:
         if not (self.table_schema and self.table and self.column and self.key_column):
             raise InvalidCounterDefinition(f"counter {self.name!r} is not a column counter")
+        column = sql.SQL("x.{}").format(sql.Identifier(self.column))
         return {
             "table": sql.Identifier(self.table_schema, self.table),
             "column": sql.Identifier(self.column),
             "key_column": sql.Identifier(self.key_column),
+            # the stored value in the units of the queues (a decimal column: * 10^scale)
+            "units": column
+            if self.scale is None
+            else sql.SQL("({} * {})").format(column, sql.Literal(10**self.scale)),
         }
+
+    def units(self, delta: object) -> int:
+        """A delta in this counter's units: an int for an integer counter; an int or a
+        Decimal with at most ``scale`` decimal places for a sum of decimals."""
+        if self.scale is None:
+            return check_delta(delta)
+        if isinstance(delta, bool) or not isinstance(delta, int | Decimal):
+            raise InvalidDelta(
+                f"counter {self.name} sums decimals: a delta is an int or a Decimal, got {delta!r}"
+            )
+        try:
+            units = Decimal(delta).scaleb(self.scale)
+            exact = units == units.to_integral_value()
+        except InvalidOperation:
+            exact = False
+        if not exact:
+            raise InvalidDelta(
+                f"counter {self.name} keeps {self.scale} decimal places: {delta} has more"
+            )
+        try:
+            return check_delta(int(units))
+        except InvalidDelta:
+            raise InvalidDelta(
+                f"delta {delta} is out of the range of counter {self.name}"
+            ) from None
 
     def composed(self, name: str) -> sql.Composed:
         """The named query with this column target's identifiers quoted in."""
@@ -141,6 +176,7 @@ def _row_to_counter(row: Sequence[Any]) -> Counter:
         table=row[5],
         column=row[6],
         key_column=row[7],
+        scale=row[8] if len(row) > 8 else None,
     )
 
 
@@ -301,11 +337,25 @@ class Counters:
 
         Queued and unlogged counters insert one delta and return None: no lock
         on a shared row, nothing to deadlock on. Direct counters update the
-        stored value at once and return it (read-your-write).
+        stored value at once and return it (read-your-write). A sum of decimals
+        is added to with :meth:`incr_decimal`.
         """
+        units = self._incr_units(self._integer(name), key, check_delta(delta))
+        return None if units is None else int(units)
+
+    def incr_decimal(
+        self, name: str, key: object = None, delta: Decimal | int = 1
+    ) -> Decimal | None:
+        """Add a Decimal (or an int) to a counter: a sum of decimals takes at most its
+        number of decimal places, an integer counter a whole number. Returns the new value
+        of a direct counter, None for a queued one."""
         counter = self.counter(name)
-        encoded = encode_key(key, counter.key_types, name)
-        check_delta(delta)
+        units = self._incr_units(counter, key, counter.units(delta))
+        return None if units is None else value_of(counter.scale or 0, units)
+
+    def _incr_units(self, counter: Counter, key: object, delta: int) -> int | None:
+        """Add ``delta`` units; the new value in units for a direct counter."""
+        encoded = encode_key(key, counter.key_types, counter.name)
         if counter.mode != "direct":
             # the hot path: one INSERT, the key sent as one array-literal parameter
             stmt = query("enqueue" if counter.mode == "queued" else "enqueue_unlogged")
@@ -315,9 +365,12 @@ class Counters:
         with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
             if counter.is_column:
                 with self._applying(cur):
-                    cur.execute(counter.composed("direct_column"), (delta, encoded[0]))
+                    cur.execute(
+                        counter.composed("direct_column"),
+                        (_column_delta(counter, delta), encoded[0]),
+                    )
                     row = cur.fetchone()
-                return None if row is None else int(row[0])
+                return None if row is None else counter.units(row[0])
             if self._writes_counters():
                 # an UPDATE when the row exists (one statement, like the naive way);
                 # the first increment of a key creates it with the upsert
@@ -334,7 +387,7 @@ class Counters:
             row = cur.fetchone()
         return None if row is None else int(row[0])
 
-    def incr_many(self, items: Iterable[Increment]) -> int:
+    def incr_many(self, items: Iterable[tuple[str, object, int | Decimal]]) -> int:
         """Apply many increments in one transaction, with one statement per kind.
 
         Deltas are summed per counter and key first; every item is validated
@@ -354,7 +407,7 @@ class Counters:
             counter = self.counter(name)
             by_id[counter.id] = counter
             encoded = tuple(encode_key(key, counter.key_types, name))
-            netted[(counter.id, encoded)] += check_delta(delta)
+            netted[(counter.id, encoded)] += counter.units(delta)
         by_kind: dict[
             Mode | Literal["direct_column"], list[tuple[Counter, tuple[str, ...], int]]
         ] = defaultdict(list)
@@ -381,7 +434,10 @@ class Counters:
                 if kind == "direct_column":
                     with self._applying(cur):
                         for counter, encoded, total in rows:
-                            cur.execute(counter.composed("direct_column"), (total, encoded[0]))
+                            cur.execute(
+                                counter.composed("direct_column"),
+                                (_column_delta(counter, total), encoded[0]),
+                            )
                     continue
                 if kind == "direct" and not self._writes_counters():
                     cur.execute(
@@ -437,9 +493,19 @@ class Counters:
         ``exact=True`` (the default) adds the pending deltas to the stored
         value in one statement, so the result is exact as of one snapshot.
         ``exact=False`` reads the stored value only (cheaper, may lag).
+        A sum of decimals is read with :meth:`get_decimal`.
         """
+        counter = self._integer(name)
+        return int(self._get_units(counter, key, exact))
+
+    def get_decimal(self, name: str, key: object = None, *, exact: bool = True) -> Decimal:
+        """The value of one counter as a :class:`~decimal.Decimal` (a sum of decimals has
+        its declared number of decimal places; an integer counter none)."""
         counter = self.counter(name)
-        encoded = encode_key(key, counter.key_types, name)
+        return value_of(counter.scale or 0, self._get_units(counter, key, exact))
+
+    def _get_units(self, counter: Counter, key: object, exact: bool) -> int:
+        encoded = encode_key(key, counter.key_types, counter.name)
         params: dict[str, Any] = {"t": counter.id, "k": encoded}
         with translated(), self.read_conn.cursor(row_factory=tuple_row) as cur:
             if counter.is_column:
@@ -455,15 +521,25 @@ class Counters:
 
     def get_many(self, name: str, keys: Iterable[object], *, exact: bool = True) -> list[int]:
         """The values of one counter for many keys, in the order given, in one statement."""
+        return self._get_many_units(self._integer(name), keys, exact)
+
+    def get_many_decimal(
+        self, name: str, keys: Iterable[object], *, exact: bool = True
+    ) -> list[Decimal]:
+        """:meth:`get_many` as Decimals (for a sum of decimals)."""
         counter = self.counter(name)
+        scale = counter.scale or 0
+        return [value_of(scale, v) for v in self._get_many_units(counter, keys, exact)]
+
+    def _get_many_units(self, counter: Counter, keys: Iterable[object], exact: bool) -> list[int]:
         key_list = list(keys)
-        encoded = [encode_key(k, counter.key_types, name) for k in key_list]
+        encoded = [encode_key(k, counter.key_types, counter.name) for k in key_list]
         if not encoded:
             return []
         if counter.is_column:
             # one statement per key keeps each exact; column targets are rows of a
             # user table, usually read through the ORM instead
-            return [self.get(name, k, exact=exact) for k in key_list]
+            return [self._get_units(counter, k, exact) for k in key_list]
         statement = self._read_query(counter, "exact_named_many", "stored_named_many", exact)
         with translated(), self.read_conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(
@@ -479,7 +555,15 @@ class Counters:
         Ranks by stored value (an index scan); deltas not yet drained are not
         included, so drain often when ranking matters.
         """
+        return self._top_units(self._integer(name), n)
+
+    def top_decimal(self, name: str, n: int = 10) -> list[tuple[Key, Decimal]]:
+        """:meth:`top` with Decimal values (for a sum of decimals)."""
         counter = self.counter(name)
+        scale = counter.scale or 0
+        return [(k, value_of(scale, v)) for k, v in self._top_units(counter, n)]
+
+    def _top_units(self, counter: Counter, n: int) -> list[tuple[Key, int]]:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= BIGINT_MAX:
             raise InvalidArgument(
                 f"n must be a non-negative int within the bigint range, got {n!r}"
@@ -493,6 +577,16 @@ class Counters:
                 ]
             cur.execute(query("top_named"), {"t": counter.id, "n": n})
             return [(decode_key(k, counter.key_types), int(v)) for k, v in cur.fetchall()]
+
+    def _integer(self, name: str) -> Counter:
+        """The counter, refused when it sums decimals (read as Decimals: ``*_decimal``)."""
+        counter = self.counter(name)
+        if counter.scale is not None:
+            raise InvalidCounterDefinition(
+                f"counter {name} sums decimals ({counter.scale} decimal places): read it "
+                "with get_decimal, get_many_decimal or top_decimal, add to it with incr_decimal"
+            )
+        return counter
 
     def _read_query(self, counter: Counter, exact_name: str, stored_name: str, exact: bool) -> str:
         """The name of the read statement for ``counter`` on the read connection.
@@ -781,6 +875,17 @@ def on_standby(conn: Conn) -> bool:
     again when a standby is promoted: no query is needed.
     """
     return conn.info.parameter_status("in_hot_standby") == "on"
+
+
+def value_of(scale: int, units: object) -> Decimal:
+    """A value in units of ``10^-scale`` as a Decimal with exactly ``scale`` decimal places
+    (``12345`` at 2: ``123.45``)."""
+    return Decimal(int(cast(Any, units))).scaleb(-scale).quantize(Decimal(1).scaleb(-scale))
+
+
+def _column_delta(counter: Counter, units: int) -> int | Decimal:
+    """What a delta in units adds to a counter column (a decimal column: the Decimal)."""
+    return units if counter.scale is None else value_of(counter.scale, units)
 
 
 def _typed_key_value(counter: Counter, text: str) -> object:

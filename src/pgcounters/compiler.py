@@ -246,7 +246,28 @@ def row_filter(spec: CounterSpec) -> sql.Composable:
 def _aggregate(spec: CounterSpec) -> sql.Composable:
     if spec.sum is None:
         return sql.SQL("count(*)")
+    if spec.scale is not None:
+        # an exact sum of decimals, in units of 10^-scale (refused if a value has more places)
+        return sql.SQL("pgcounters.scaled(coalesce(sum({}), 0), {}, {})").format(
+            _expr(spec.sum), sql.Literal(spec.scale), sql.Literal(spec.name)
+        )
     return sql.SQL("coalesce(sum({}), 0)").format(_expr(spec.sum))
+
+
+def column_units(spec: CounterSpec, value: sql.Composable) -> sql.Composable:
+    """A counter column's value in the units the queues count in (for a decimal counter
+    column, ``value * 10^scale``)."""
+    if spec.scale is None:
+        return value
+    return sql.SQL("({} * {})").format(value, sql.Literal(10**spec.scale))
+
+
+def column_value(spec: CounterSpec, units: sql.Composable) -> sql.Composable:
+    """What a number of units adds to a counter column (for a decimal counter column,
+    ``units * 10^-scale``, exactly)."""
+    if spec.scale is None:
+        return units
+    return sql.SQL("pgcounters.unscaled({}, {})").format(units, sql.Literal(spec.scale))
 
 
 def contributions(
@@ -288,22 +309,44 @@ def probe_query(spec: CounterSpec) -> sql.Composed:
     or when a counter column's parent table lost its key or counter column.
     """
     values: list[sql.Composable] = list(_key_parts(spec))
-    if spec.sum is not None:
+    where = row_filter(spec)
+    if spec.sum is not None and spec.scale is None:
         values.append(sql.SQL("pgcounters.integer_value({})").format(_expr(spec.sum)))
+    elif spec.sum is not None:
+        values.append(
+            sql.SQL("pgcounters.scaled({}, {}, {})").format(
+                _expr(spec.sum), sql.Literal(spec.scale), sql.Literal(spec.name)
+            )
+        )
+        if isinstance(spec.sum, str):
+            # the column's declared scale, checked while the probe is planned
+            where = sql.SQL("{} AND pgcounters.decimal_scale_is({}::regclass, {}, {})").format(
+                where,
+                sql.Literal(spec.source.identifier().as_string()),
+                sql.Literal(spec.sum),
+                sql.Literal(spec.scale),
+            )
     # a counter column: its parent's key and counter columns too (a CTE is analysed even
     # when nothing reads it, so a renamed or dropped column stops the planning)
     target: sql.Composable = sql.SQL("")
     if isinstance(spec.target, ColumnTarget):
         t = spec.target
-        target = sql.SQL("WITH pgc_target AS (SELECT x.{}, x.{} FROM {} AS x LIMIT 0) ").format(
-            sql.Identifier(t.key_column), sql.Identifier(t.column), t.table.identifier()
+        scale: sql.Composable = sql.SQL("")
+        if spec.scale is not None:  # a decimal counter column keeps its scale
+            scale = sql.SQL(" WHERE pgcounters.decimal_scale_is({}::regclass, {}, {})").format(
+                sql.Literal(t.table.identifier().as_string()),
+                sql.Literal(t.column),
+                sql.Literal(spec.scale),
+            )
+        target = sql.SQL("WITH pgc_target AS (SELECT x.{}, x.{} FROM {} AS x{} LIMIT 0) ").format(
+            sql.Identifier(t.key_column), sql.Identifier(t.column), t.table.identifier(), scale
         )
     return sql.SQL("{target}SELECT {values} FROM {source} AS {alias} WHERE {where} LIMIT 0").format(
         target=target,
         values=sql.SQL(", ").join(values) if values else sql.SQL("1"),
         source=spec.source.identifier(),
         alias=sql.Identifier(spec.source.name),
-        where=row_filter(spec),
+        where=where,
     )
 
 
@@ -340,11 +383,12 @@ def rows_delta_sql(spec: CounterSpec, context: AdaptContext) -> str:
     else:
         t = spec.target
         statement = head + sql.SQL(
-            "UPDATE {parent} AS x SET {col} = coalesce(x.{col}, 0) + $2 * c.delta"
+            "UPDATE {parent} AS x SET {col} = coalesce(x.{col}, 0) + {added}"
             " FROM ({rows}) AS c WHERE x.{key_col} = c.key AND c.delta <> 0"
         ).format(
             parent=t.table.identifier(),
             col=sql.Identifier(t.column),
+            added=column_value(spec, sql.SQL("$2 * c.delta")),
             key_col=sql.Identifier(t.key_column),
             rows=contributions(spec, rows, typed=True),
         )
@@ -359,13 +403,15 @@ def truth_query(spec: CounterSpec, extra: sql.Composable | None = None) -> sql.C
 def ensure_target_call(spec: CounterSpec) -> sql.Composed:
     t = spec.target
     args: list[sql.Composable] = [
+        *([] if spec.scale is None else [sql.Literal(spec.scale)]),
         sql.Literal(spec.name),
         sql.SQL("{}::text[]").format(sql.Literal("{" + ",".join(spec.key_types) + "}")),
         sql.Literal(spec.mode),
     ]
     if isinstance(t, ColumnTarget):
         args += [sql.Literal(v) for v in (t.table.schema, t.table.name, t.column, t.key_column)]
-    return sql.SQL("pgcounters.ensure_target({})").format(sql.SQL(", ").join(args))
+    function = "ensure_target" if spec.scale is None else "ensure_decimal_target"
+    return sql.SQL("pgcounters.{}({})").format(sql.SQL(function), sql.SQL(", ").join(args))
 
 
 def _net(spec: CounterSpec, event: Event, *, typed: bool) -> sql.Composed:
@@ -419,7 +465,7 @@ def _apply(spec: CounterSpec, event: Event) -> tuple[list[tuple[str, str]], sql.
         "        -- parent inserted by a transaction that committed since) gets its\n"
         "        -- delta queued: the drain applies it once the row is there\n"
         "        WITH applied AS (\n"
-        "            UPDATE {parent} AS x SET {col} = coalesce(x.{col}, 0) + u.delta\n"
+        "            UPDATE {parent} AS x SET {col} = coalesce(x.{col}, 0) + {added}\n"
         "              FROM unnest(_pgc_keys, _pgc_deltas) AS u(key, delta)\n"
         "             WHERE x.{key_col} = u.key RETURNING u.key)\n"
         "        INSERT INTO pgcounters.queue (target_id, key, delta)\n"
@@ -433,6 +479,7 @@ def _apply(spec: CounterSpec, event: Event) -> tuple[list[tuple[str, str]], sql.
         parent=parent,
         key_col=key_col,
         col=col,
+        added=column_value(spec, sql.SQL("u.delta")),
         applying=sql.Literal(APPLYING),
     )
     return declare, body

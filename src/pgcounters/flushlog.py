@@ -78,6 +78,12 @@ class DbLink:
         if found is None:
             with self.lock:
                 found = self.counters().counter(name)
+            if found.scale is not None:
+                # buffered deltas are whole numbers, which it would read as units of 10^-scale
+                raise InvalidCounterDefinition(
+                    f"counter {name} sums decimals: event counters take whole deltas, add to "
+                    "it with Counters.incr_decimal"
+                )
             self._declared[name] = found
         return found
 
@@ -217,7 +223,11 @@ def _current(
                 "they are kept (declare it again, or discard the buffer)"
             )
         if current != counter:
-            if current.key_types != counter.key_types or current.is_column != counter.is_column:
+            if (
+                current.key_types != counter.key_types
+                or current.is_column != counter.is_column
+                or current.scale != counter.scale
+            ):
                 raise InvalidCounterDefinition(
                     f"counter {counter.name!r} was declared again with another key or target "
                     "after increments to it were buffered; they are kept"

@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import partial
 from typing import Any, TypeVar
 
@@ -45,8 +46,15 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from pgcounters.client import record_retry, retry_reason
-from pgcounters.compiler import ensure_target_call, part_text, truth_query, typed_key_part
+from pgcounters.client import record_retry, retry_reason, value_of
+from pgcounters.compiler import (
+    column_units,
+    column_value,
+    ensure_target_call,
+    part_text,
+    truth_query,
+    typed_key_part,
+)
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import BatchAborted, InvalidArgument
@@ -130,8 +138,8 @@ KeyRange = tuple[Any, Any]
 @dataclass(frozen=True)
 class Mismatch:
     key: tuple[Any, ...]
-    expected: int  # the truth
-    actual: int  # stored + pending
+    expected: int | Decimal  # the truth (a Decimal for a sum of decimals)
+    actual: int | Decimal  # stored + pending
 
 
 @dataclass
@@ -239,8 +247,19 @@ def verify(conn: Conn, counter: CounterSpec | str, *, sample: int | None = None)
         if key is None:  # the summary row
             checked = int(actual)
             continue
-        mismatches.append(Mismatch(decode_key(key, spec.key_types), int(expected), int(actual)))
+        mismatches.append(
+            Mismatch(
+                decode_key(key, spec.key_types),
+                _value(spec, expected),
+                _value(spec, actual),
+            )
+        )
     return VerifyResult(spec.name, checked, mismatches)
+
+
+def _value(spec: CounterSpec, units: Any) -> int | Decimal:
+    """A value in units as the counter reads it (a sum of decimals: a Decimal)."""
+    return int(units) if spec.scale is None else value_of(spec.scale, units)
 
 
 def _verify_column(spec: CounterSpec, target: int, sample: int | None) -> sql.Composed:
@@ -261,7 +280,7 @@ def _verify_column(spec: CounterSpec, target: int, sample: int | None) -> sql.Co
         truth=truth,
         pending=_pending(target),
         k=k,
-        c=c,
+        stored=column_units(spec, sql.SQL("x.{}").format(c)),
         p=parent,
     )
 
@@ -545,6 +564,7 @@ def _recount_column(
             text_key=_parent_key_text(spec, sql.SQL("x.{}").format(k)),
             k=k,
             c=c,
+            value=column_value(spec, sql.SQL("w.value")),
             p=parent,
             keys=mine,
         )

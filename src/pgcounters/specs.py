@@ -35,6 +35,7 @@ from pgcounters.client import MODES, Mode
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.keys import KEY_TYPES, MAX_KEY_PARTS, KeyType, check_name
 
+MAX_SCALE = 18  # decimal places of an exact sum: 10^18 units still fit a bigint
 MAX_IDENTIFIER = 63  # bytes: PostgreSQL's NAMEDATALEN - 1
 
 _PLACEHOLDER = re.compile(r"%s|%%")
@@ -184,7 +185,13 @@ class CounterSpec:
       A row whose key has a NULL part counts nowhere.
     * ``where``: the condition a row must satisfy to count (None: every row).
     * ``sum``: a column or expression to add up instead of counting rows.
-      NULL values add nothing.
+      NULL values add nothing. It must be of an integer type, unless ``scale``
+      is given.
+    * ``scale``: for an exact sum of decimals, the number of decimal places
+      of the summed ``numeric(p, s)`` column (``s``, 0 to 18). The counter
+      keeps its value as a whole number of ``10^-s`` units and reads as a
+      :class:`~decimal.Decimal`; a counter column must be ``numeric`` with the
+      same scale. A summed value with more decimal places is refused.
     * ``mode``: ``queued`` (deltas go to the durable queue; default),
       ``unlogged`` (the unlogged queue) or ``direct`` (applied in the writing
       transaction: read-your-writes, but it locks the counter rows).
@@ -197,6 +204,7 @@ class CounterSpec:
     where: Fragment | None
     sum: KeyExpr | None
     mode: Mode
+    scale: int | None
     _fingerprint: str = field(repr=False, compare=False)
 
     def __init__(
@@ -208,6 +216,7 @@ class CounterSpec:
         where: Fragment | None = None,
         sum: KeyExpr | None = None,
         mode: Mode = "queued",
+        scale: int | None = None,
     ) -> None:
         for attr, value in (
             ("name", name),
@@ -217,6 +226,7 @@ class CounterSpec:
             ("where", where),
             ("sum", sum),
             ("mode", mode),
+            ("scale", scale),
         ):
             object.__setattr__(self, attr, value)
         self._validate()
@@ -238,6 +248,21 @@ class CounterSpec:
             check_identifier(self.sum, "summed column")
         elif self.sum is not None and not isinstance(self.sum, Fragment):
             raise InvalidCounterDefinition(f"sum is a column name or a Fragment: {self.sum!r}")
+        if self.scale is not None:
+            if isinstance(self.scale, bool) or not isinstance(self.scale, int):
+                raise InvalidCounterDefinition(
+                    f"counter {self.name}: scale is a number of decimal places, got {self.scale!r}"
+                )
+            if not 0 <= self.scale <= MAX_SCALE:
+                raise InvalidCounterDefinition(
+                    f"counter {self.name}: scale is 0 to {MAX_SCALE} decimal places "
+                    f"(values are kept in units of 10^-scale within the bigint range), "
+                    f"got {self.scale}"
+                )
+            if self.sum is None:
+                raise InvalidCounterDefinition(
+                    f"counter {self.name}: a scale is for a sum of decimals; it counts rows"
+                )
         if self.where is not None and not isinstance(self.where, Fragment):
             raise InvalidCounterDefinition(f"where is a Fragment or None: {self.where!r}")
         if self.mode not in MODES:
@@ -289,7 +314,7 @@ class CounterSpec:
             }
         else:
             target = {"kind": "named", "key_types": list(self.target.key_types)}
-        return {
+        out = {
             "version": 1,
             "name": self.name,
             "source": {"schema": self.source.schema, "table": self.source.name},
@@ -299,6 +324,9 @@ class CounterSpec:
             "mode": self.mode,
             "target": target,
         }
+        if self.scale is not None:  # absent for integer sums: their fingerprints stay
+            out["scale"] = self.scale
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CounterSpec:
@@ -329,6 +357,7 @@ class CounterSpec:
                 where=where,
                 sum=expr(data.get("sum")),
                 mode=data.get("mode", "queued"),
+                scale=data.get("scale"),
             )
         except (KeyError, TypeError) as exc:
             raise InvalidCounterDefinition(f"not a counter spec: {exc}") from None

@@ -8,6 +8,7 @@ django-pgtrigger migrations and records the specs with :func:`record`.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from pgcounters.connection import Conn
 from pgcounters.dberrors import translate, translated
 from pgcounters.errors import (
     CounterBroken,
+    CounterDefinitionConflict,
     CounterDeliveredElsewhere,
     InvalidArgument,
     InvalidCounterDefinition,
@@ -85,12 +87,12 @@ def validate(conn: Conn, spec: CounterSpec) -> None:
             cur.execute(sql.SQL(query("explain")).format(statement=probe_query(spec)))
     except psycopg.Error as exc:
         message = exc.diag.message_primary or str(exc)
-        if isinstance(exc, psycopg.errors.UndefinedFunction) and "integer_value" in message:
-            raise InvalidCounterDefinition(
-                f"counter {spec.name}: its sum ({spec.sum}) is not of an integer type; "
-                "counters hold bigint values, so a numeric or floating-point sum would be "
-                "rounded at every statement: sum an integer (e.g. cents, not dollars)"
-            ) from exc
+        if isinstance(exc, psycopg.errors.UndefinedFunction) and (
+            "integer_value" in message or "scaled" in message
+        ):
+            raise InvalidCounterDefinition(_not_summable(conn, spec)) from exc
+        if exc.sqlstate == "PC020":  # a decimal sum whose column has another scale
+            raise InvalidCounterDefinition(_not_summable(conn, spec, message)) from exc
         mapped = translate(exc)
         if mapped is not None and not isinstance(mapped, InvalidCounterDefinition):
             raise mapped from exc
@@ -100,9 +102,70 @@ def validate(conn: Conn, spec: CounterSpec) -> None:
         ) from exc
 
 
+def _not_summable(conn: Conn, spec: CounterSpec, detail: str = "") -> str:
+    """Why the sum of a spec cannot be kept exactly, and what to do."""
+    kind = None
+    if isinstance(spec.sum, str):
+        with conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a"
+                " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped",
+                (spec.source.identifier().as_string(conn), spec.sum),
+            )
+            row = cur.fetchone()
+        kind = None if row is None else str(row[0])
+    what = f"its sum ({spec.sum}{f', {kind}' if kind else ''})"
+    places = re.fullmatch(r"numeric\(\d+,(\d+)\)", kind or "")
+    if places and spec.scale is None:
+        return (
+            f"counter {spec.name}: {what} is a decimal: declare the counter with "
+            f"scale={places[1]} (its decimal places) to keep it exactly"
+        )
+    if kind == "numeric":
+        return (
+            f"counter {spec.name}: {what} has no scale, so its values may have any number "
+            "of decimal places and no exact sum can be kept: give the column a scale "
+            "(numeric(p, s)) and declare the counter with scale=s"
+        )
+    if kind in ("double precision", "real"):
+        return (
+            f"counter {spec.name}: {what} is floating-point: its values are not exact, so "
+            "neither is their sum; sum a numeric(p, s) column (with scale=s) or an integer"
+        )
+    if spec.scale is not None:
+        return (
+            f"counter {spec.name}: {what} is not a number a decimal sum with "
+            f"{spec.scale} decimal places can hold: sum a numeric(p, {spec.scale}) column"
+            + (f" ({detail})" if detail else "")
+        )
+    return (
+        f"counter {spec.name}: {what} is not of an integer type; counters hold exact "
+        "values: sum an integer, or a numeric(p, s) column with scale=s"
+    )
+
+
 def record(conn: Conn, spec: CounterSpec) -> None:
     """Record the spec in ``pgcounters.specs`` (for verify, recount, drift and the guard
-    that refuses a schema change breaking it)."""
+    that refuses a schema change breaking it).
+
+    A counter that exists with values in other units (a sum of decimals declared again
+    with another scale, or as an integer counter, or the reverse) is refused with
+    :class:`CounterDefinitionConflict`: its stored values and pending deltas would be
+    read in the wrong units.
+    """
+    row = conn.execute(
+        "SELECT scale FROM pgcounters.targets WHERE name = %s", (spec.name,)
+    ).fetchone()
+    if row is not None and row[0] != spec.scale:
+
+        def units(scale: int | None) -> str:
+            return "integer values" if scale is None else f"{scale} decimal places"
+
+        raise CounterDefinitionConflict(
+            f"counter {spec.name} exists with {units(row[0])}; it is declared now with "
+            f"{units(spec.scale)}: its values and pending deltas are in other units. Drop "
+            "the counter (pgcounters drop) and install it again, or give it another name"
+        )
     conn.execute(
         query("record_spec"),
         {
@@ -394,7 +457,7 @@ def drift(conn: Conn, specs: Iterable[CounterSpec] | None = None) -> list[Drift]
     ``missing`` when some are absent; ``disabled`` when some are disabled; ``broken`` when
     a schema change left the table without what the counter reads (its writes fail);
     ``stale`` when rows were written that it did not count (``session_replication_role =
-    replica``) and no whole recount followed.
+    replica``) and no whole recount or completed backfill followed.
     Installed triggers of a counter that is not declared are ``undeclared``.
     """
     wanted = list(declared(conn) if specs is None else specs)

@@ -88,14 +88,19 @@ def _cmd_incr(args: argparse.Namespace, dsn: str) -> int:
 def _cmd_get(args: argparse.Namespace, dsn: str) -> int:
     with connect(dsn) as conn:
         pc = Counters(conn)
-        key = parse_key(args.key, pc.counter(args.name).key_types)
-        print(pc.get(args.name, key, exact=not args.stored))
+        counter = pc.counter(args.name)
+        key = parse_key(args.key, counter.key_types)
+        # a sum of decimals reads as a decimal
+        read = pc.get if counter.scale is None else pc.get_decimal
+        print(read(args.name, key, exact=not args.stored))
     return EXIT_OK
 
 
 def _cmd_top(args: argparse.Namespace, dsn: str) -> int:
     with connect(dsn) as conn:
-        rows = Counters(conn).top(args.name, args.n)
+        pc = Counters(conn)
+        read = pc.top if pc.counter(args.name).scale is None else pc.top_decimal
+        rows: list[tuple[Any, object]] = list(read(args.name, args.n))
     for key, value in rows:
         print(f"{','.join(str(p) for p in key) or '-'}\t{value}")
     return EXIT_OK

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from pgcounters import schema
@@ -59,6 +60,11 @@ def _cmd_verify(args: argparse.Namespace, dsn: str) -> int:
     )
 
 
+def _exact_json(value: int | Decimal) -> int | str:
+    """A value for JSON: an int as it is, a Decimal as its exact text (a float is not)."""
+    return str(value) if isinstance(value, Decimal) else value
+
+
 def report_verify(
     results: Sequence[VerifyResult],
     *,
@@ -81,8 +87,10 @@ def report_verify(
             "counters": [
                 {"name": r.name, "keys_checked": r.keys_checked, "keys_off": len(r.mismatches),
                  "differences": [
-                     {"key": _key_json(m.key), "expected": m.expected, "actual": m.actual,
-                      "difference": m.actual - m.expected}
+                     # a sum of decimals: exact decimal strings ("4.00"), not floats
+                     {"key": _key_json(m.key), "expected": _exact_json(m.expected),
+                      "actual": _exact_json(m.actual),
+                      "difference": _exact_json(m.actual - m.expected)}
                      for m in r.mismatches[: show]]}
                 for r in results
             ],
@@ -104,7 +112,7 @@ def report_verify(
             key = ",".join(str(p) for p in m.key) or "-"
             print(
                 f"  key {key}: stored + pending {m.actual}, truth {m.expected} "
-                f"({m.actual - m.expected:+d})"
+                f"({m.actual - m.expected:+})"
             )
         if len(r.mismatches) > show:
             print(f"  ... and {len(r.mismatches) - show} more")

@@ -9,6 +9,12 @@ coalesce((SELECT sum(q.delta) FROM pgcounters.{queue} AS q
            WHERE q.target_id = (SELECT t.id FROM pgcounters.targets AS t WHERE t.name = %s)
              AND q.key = ARRAY[({key})::text]::text), 0);
 
+-- name: exact_pending_decimal
+-- Exact() of a sum of decimals: the pending deltas (in units of 10^-{scale}) of one key as a decimal
+pgcounters.unscaled(coalesce((SELECT sum(q.delta) FROM pgcounters.{queue} AS q
+           WHERE q.target_id = (SELECT t.id FROM pgcounters.targets AS t WHERE t.name = %s)
+             AND q.key = ARRAY[({key})::text]::text), 0), {scale});
+
 -- name: backfill_lookup
 -- Exact(): one value ({value}) of the counter's backfill row, NULL when it is not backfilled
 (SELECT {value} FROM pgcounters.backfills AS b WHERE b.name = %s);
@@ -16,6 +22,10 @@ coalesce((SELECT sum(q.delta) FROM pgcounters.{queue} AS q
 -- name: truth_of_key
 -- Exact() of a key beyond a backfill's cursor: its truth, summed from the compiled truth query
 SELECT coalesce(sum(k.delta), 0) FROM ({truth}) AS k;
+
+-- name: truth_of_key_decimal
+-- Exact() of a key of a sum of decimals beyond a backfill's cursor: its truth as a decimal
+SELECT pgcounters.unscaled(coalesce(sum(k.delta), 0), {scale}) FROM ({truth}) AS k;
 
 -- name: backfill_progress
 -- the admin's counters page: the keys a backfill of the row's counter has done

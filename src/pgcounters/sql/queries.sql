@@ -70,20 +70,23 @@ SELECT pgcounters.drop_counter(%(name)s);
 
 -- name: target_by_name
 -- one counter's declaration
-SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
-  FROM pgcounters.targets
+SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column,
+       (to_jsonb(t) ->> 'scale')::integer  -- from schema version 13 (NULL before it)
+  FROM pgcounters.targets AS t
  WHERE name = %(name)s;
 
 -- name: targets_by_names
 -- the declarations of some counters
-SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
-  FROM pgcounters.targets
+SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column,
+       (to_jsonb(t) ->> 'scale')::integer  -- from schema version 13 (NULL before it)
+  FROM pgcounters.targets AS t
  WHERE name = ANY (%(names)s::text[]);
 
 -- name: list_targets
 -- every counter's declaration, by name
-SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column
-  FROM pgcounters.targets
+SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column,
+       (to_jsonb(t) ->> 'scale')::integer  -- from schema version 13 (NULL before it)
+  FROM pgcounters.targets AS t
  ORDER BY name;
 
 -- name: enqueue
@@ -170,7 +173,7 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
                          WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
-       (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
+       (coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
@@ -182,13 +185,13 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
                          WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
-       (coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
+       (coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: stored_column
 -- the stored value of one row of a column counter (without pending deltas)
-SELECT coalesce((SELECT x.{column} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
+SELECT coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
 
 -- name: exact_named_many
 -- the exact values of several keys of a named counter, in the order asked, from one snapshot
@@ -247,7 +250,7 @@ SELECT key, value
 
 -- name: top_column
 -- the n highest values of a column counter
-SELECT x.{key_column}::text, x.{column}
+SELECT x.{key_column}::text, {units}
   FROM {table} AS x
  ORDER BY x.{column} DESC NULLS LAST, x.{key_column}
  LIMIT %(n)s;

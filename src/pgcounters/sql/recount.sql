@@ -39,7 +39,7 @@ SELECT {k} AS k FROM {p} ORDER BY random() LIMIT {n};
 WITH keys AS MATERIALIZED ({keys}), truth AS ({truth}), pending AS ({pending}),
 compared AS (
     SELECT {text_key} AS key,
-           coalesce(x.{c}, 0) + coalesce(p.delta, 0) AS actual,
+           coalesce({stored}, 0) + coalesce(p.delta, 0) AS actual,
            coalesce(t.delta, 0) AS expected
       FROM {p} AS x JOIN keys ON keys.k = x.{k}
       LEFT JOIN truth AS t ON t.key = {text_key}
@@ -125,8 +125,8 @@ wanted AS (
       LEFT JOIN truth AS t ON t.key = {text_key}
       LEFT JOIN pending AS p ON p.key = {text_key}
      WHERE x.{k} = ANY ({keys}))
-UPDATE {p} AS x SET {c} = w.value FROM wanted AS w
- WHERE x.{k} = w.k AND x.{c} IS DISTINCT FROM w.value;
+UPDATE {p} AS x SET {c} = {value} FROM wanted AS w
+ WHERE x.{k} = w.k AND x.{c} IS DISTINCT FROM {value};
 
 -- name: named_keys
 -- every key of a named counter known now (truth, stored, pending), in byte order
@@ -179,8 +179,13 @@ SELECT name, fingerprint, keys_done, cursor_key, requested_at
 
 -- name: backfill_claim
 -- the backfill of one counter, unless another process is running a batch of it
-SELECT fingerprint, cursor_key FROM pgcounters.backfills WHERE name = %s
+SELECT fingerprint, cursor_key, stale_since, stale_statements
+  FROM pgcounters.backfills WHERE name = %s
    FOR UPDATE SKIP LOCKED;
+
+-- name: backfill_stale_mark
+-- the counter's stale mark as a backfill's first batch starts (cleared when it ends, if unchanged)
+UPDATE pgcounters.backfills SET stale_since = %s, stale_statements = %s WHERE name = %s;
 
 -- name: backfill_progress
 -- a batch of a backfill is done: move its cursor

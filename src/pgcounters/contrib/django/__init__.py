@@ -9,7 +9,9 @@ such as ``pgcounters.contrib.django.ratelimit.RateLimitMiddleware``, are kept).
 from pgcounters.contrib.django import counters
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.declarations import (
+    CounterColumn,
     CountField,
+    DecimalSumField,
     NamedCounter,
     SumField,
     declared_counters,
@@ -26,6 +28,8 @@ from pgcounters.contrib.django.ratelimit import RateLimitMiddleware, ratelimit
 __all__ = [  # noqa: RUF022
     # -- counters declared on models
     "CountField",
+    "CounterColumn",
+    "DecimalSumField",
     "NamedCounter",
     "SumField",
     "declared_counters",

@@ -39,14 +39,15 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
       (``PGCOUNTERS_BACKFILL = "migrate"``, the default) or in the worker
       (``"worker"``);
     * a recorded counter no model declares any more and whose triggers are gone
-      (a removed ``CountField``) is dropped: its spec, values and pending deltas.
+      (a removed ``CountField``) is dropped: its spec, values and pending deltas;
+    * each counter's ``replica_writes`` choice is applied where it changed.
     """
     from django.conf import settings
 
     from pgcounters import backfill, schema
     from pgcounters.compiler import ensure_target_call
     from pgcounters.contrib.django.db import psycopg_connection
-    from pgcounters.contrib.django.declarations import declared_counters
+    from pgcounters.contrib.django.declarations import declared_counters, replica_writes
     from pgcounters.sqlfiles import query
     from pgcounters.triggers import declared, follow, installed, record, uninstall
 
@@ -72,6 +73,13 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
                 record(conn, spec)
                 if before.get(spec.name) != spec.fingerprint:
                     backfill.request(conn, spec)
+            chosen = replica_writes()
+            for name, current in conn.execute(
+                "SELECT name, replica_writes FROM pgcounters.specs ORDER BY name"
+            ).fetchall():
+                wanted = chosen.get(name)
+                if name in live and wanted is not None and wanted != current:
+                    conn.execute(query("set_replica_writes"), {"name": name, "mode": wanted})
         follow(conn)  # partitions and inheritance children of counted tables
         names = {spec.name for spec in specs}
         for name in sorted(set(before) - names - live):

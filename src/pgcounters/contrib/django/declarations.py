@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.db import connections, models
@@ -27,6 +28,7 @@ from pgcounters.client import Mode
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.keys import Key, KeyType
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
+from pgcounters.triggers import ReplicaWrites
 
 _KEY_TYPES: dict[str, KeyType] = {
     "AutoField": "bigint",
@@ -88,34 +90,56 @@ def _column(model: type[models.Model], name: str) -> str:
     return column
 
 
-def _summed_column(model: type[models.Model], name: str) -> str:
-    """The column of an integer field to sum (counters hold bigint values: a decimal or
-    float sum would be rounded at every statement)."""
+def _summed_column(
+    model: type[models.Model], name: str, decimal_places: int | None = None
+) -> tuple[str, int | None]:
+    """The column of the field to sum and the scale of its exact sum: an integer field
+    (scale None), or a DecimalField with ``decimal_places`` decimal places (an exact sum
+    of decimals). A float sum is refused: its values are not exact, nor is their sum."""
     column = _column(model, name)
     field = model._meta.get_field(name)
+    what = f"{model.__name__}.{name}"
+    if isinstance(field, models.DecimalField):
+        if decimal_places is None:
+            raise InvalidCounterDefinition(
+                f"{what} is a DecimalField with {field.decimal_places} decimal places: sum it "
+                f"exactly with SumField(..., decimal_places={field.decimal_places}, "
+                "max_digits=N) or register_counter(..., sum=..., which keeps its scale)"
+            )
+        if field.decimal_places != decimal_places:
+            raise InvalidCounterDefinition(
+                f"{what} has {field.decimal_places} decimal places, its sum {decimal_places}: "
+                "give the sum the decimal places of the summed field"
+            )
+        return column, decimal_places
+    if isinstance(field, models.FloatField):
+        raise InvalidCounterDefinition(
+            f"{what} is a FloatField: floating-point values are not exact, nor is their sum; "
+            "sum a DecimalField (exactly, with decimal_places) or an integer field"
+        )
     if not isinstance(field, models.IntegerField) or isinstance(field, models.BooleanField):
         raise InvalidCounterDefinition(
-            f"{model.__name__}.{name} is a {type(field).__name__}: a counter sums integer "
-            "fields only (counters hold bigint values, so a decimal or float sum would be "
-            "rounded at every write; store cents, not dollars)"
+            f"{what} is a {type(field).__name__}: a counter sums integer fields, or "
+            "DecimalFields exactly"
         )
-    return column
+    if decimal_places is not None:
+        raise InvalidCounterDefinition(
+            f"{what} is an integer field: its sum is an integer (no decimal_places)"
+        )
+    return column, None
 
 
 def _table(model: type[models.Model]) -> Table:
     return Table(model._meta.db_table)
 
 
-class CountField(models.BigIntegerField):  # type: ignore[type-arg]
-    """A counter column: the number of related rows (through ``relation``) matching ``filter``.
-
-    ``relation`` is the name of the reverse relation on this model (the
-    ``related_name`` of the foreign key on the counted model). The column is a
-    real ``bigint`` column, usable in ``filter``, ``order_by`` and the admin;
-    it is indexed by default so that top-N queries use an index.
-    """
+class CounterColumn(models.Field):  # type: ignore[type-arg]
+    """What every counter column field has: a relation, a filter, a mode, a spec; the
+    database column itself comes from the Django field class it is mixed with."""
 
     counter_sum: str | None = None
+    counter_places: int | None = None  # decimal places of an exact sum of decimals
+    plain_path = "django.db.models.Field"
 
     def __init__(
         self,
@@ -123,11 +147,13 @@ class CountField(models.BigIntegerField):  # type: ignore[type-arg]
         filter: models.Q | None = None,
         *,
         mode: Mode = "queued",
+        replica_writes: ReplicaWrites = "flag",
         **kwargs: Any,
     ) -> None:
         self.relation = relation
         self.counter_filter = filter
         self.counter_mode: Mode = mode
+        self.counter_replica_writes = _replica_writes(replica_writes)
         kwargs.setdefault("default", 0)
         kwargs.setdefault("editable", False)
         kwargs.setdefault("db_index", True)
@@ -147,8 +173,8 @@ class CountField(models.BigIntegerField):  # type: ignore[type-arg]
 
     def deconstruct(self) -> Any:
         name, _path, args, kwargs = super().deconstruct()
-        # the declaration lives in the triggers; the column is a plain bigint for migrations
-        return name, "django.db.models.BigIntegerField", args, kwargs
+        # the declaration lives in the triggers; the column is a plain field for migrations
+        return name, self.plain_path, args, kwargs
 
     def spec(self) -> CounterSpec:
         """The core spec of this counter column."""
@@ -170,7 +196,11 @@ class CountField(models.BigIntegerField):  # type: ignore[type-arg]
         assert isinstance(source, type)
         fk = rel.remote_field
         where = None if self.counter_filter is None else q_to_fragment(source, self.counter_filter)
-        summed = None if self.counter_sum is None else _summed_column(source, self.counter_sum)
+        summed, scale = (
+            (None, None)
+            if self.counter_sum is None
+            else _summed_column(source, self.counter_sum, self.counter_places)
+        )
         column, fk_column, key_column = self.column, fk.column, fk.target_field.column
         if not (column and fk_column and key_column):  # pragma: no cover - concrete fields
             raise InvalidCounterDefinition(f"{model.__name__}.{self.name} has no column")
@@ -182,11 +212,35 @@ class CountField(models.BigIntegerField):  # type: ignore[type-arg]
             where=where,
             sum=summed,
             mode=self.counter_mode,
+            scale=scale,
         )
 
 
+class CountField(CounterColumn, models.BigIntegerField):  # type: ignore[type-arg]
+    """A counter column: the number of related rows (through ``relation``) matching ``filter``.
+
+    ``relation`` is the name of the reverse relation on this model (the
+    ``related_name`` of the foreign key on the counted model). The column is a
+    real ``bigint`` column, usable in ``filter``, ``order_by`` and the admin;
+    it is indexed by default so that top-N queries use an index.
+    """
+
+    plain_path = "django.db.models.BigIntegerField"
+
+
 class SumField(CountField):
-    """A counter column holding the sum of ``field`` over related rows matching ``filter``."""
+    """A counter column holding the sum of ``field`` over related rows matching ``filter``.
+
+    The sum of an integer field is a ``bigint`` column. The sum of a DecimalField is
+    exact when declared with its ``decimal_places`` (and the ``max_digits`` of the total):
+    ``SumField("lines", "amount", decimal_places=2, max_digits=14)`` is then a
+    :class:`DecimalSumField`, a ``numeric(14, 2)`` column.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is SumField and kwargs.get("decimal_places") is not None:
+            return DecimalSumField(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -199,6 +253,38 @@ class SumField(CountField):
         self.counter_sum = field
 
 
+class DecimalSumField(CounterColumn, models.DecimalField):  # type: ignore[type-arg]
+    """The exact sum of a DecimalField over related rows: a ``numeric(max_digits,
+    decimal_places)`` column whose ``decimal_places`` are those of the summed field.
+    Values are :class:`~decimal.Decimal`; ten rows of 0.4 sum to 4.00."""
+
+    plain_path = "django.db.models.DecimalField"
+
+    def __init__(
+        self,
+        relation: str | None = None,
+        field: str | None = None,
+        filter: models.Q | None = None,
+        *,
+        decimal_places: int,
+        max_digits: int,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            relation, filter, decimal_places=decimal_places, max_digits=max_digits, **kwargs
+        )
+        self.counter_sum = field
+        self.counter_places = decimal_places
+
+
+def _replica_writes(value: object) -> ReplicaWrites:
+    """``"flag"`` (rows written with ``session_replication_role = replica`` mark the
+    counter stale until a recount) or ``"count"`` (its triggers count them too)."""
+    if value not in ("flag", "count"):
+        raise InvalidCounterDefinition(f"replica_writes is 'flag' or 'count', not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class NamedCounter:
     """A named counter over a model, declared with :func:`register_counter`."""
@@ -209,17 +295,30 @@ class NamedCounter:
     filter: models.Q | None = None
     sum: str | None = None
     mode: Mode = "queued"
+    replica_writes: ReplicaWrites = "flag"
 
     def spec(self) -> CounterSpec:
         fields = [self.model._meta.get_field(k) for k in self.keys]
+        summed: str | None = None
+        scale: int | None = None
+        if self.sum is not None:
+            # a DecimalField is summed exactly, with its own decimal places
+            summed_field = self.model._meta.get_field(self.sum)
+            places = getattr(summed_field, "decimal_places", None)
+            summed, scale = _summed_column(
+                self.model,
+                self.sum,
+                places if isinstance(summed_field, models.DecimalField) else None,
+            )
         return CounterSpec(
             name=self.name,
             source=_table(self.model),
             keys=tuple(_column(self.model, k) for k in self.keys),
             target=NamedTarget(tuple(key_type_of(f) for f in fields)),  # type: ignore[arg-type]
             where=None if self.filter is None else q_to_fragment(self.model, self.filter),
-            sum=None if self.sum is None else _summed_column(self.model, self.sum),
+            sum=summed,
             mode=self.mode,
+            scale=scale,
         )
 
     # reads and increments on Django's connection (pgcounters.contrib.django.counters)
@@ -229,6 +328,14 @@ class NamedCounter:
         from pgcounters.contrib.django import counters
 
         return counters.get(self.name, key, exact=exact, using=using)
+
+    def get_decimal(
+        self, key: object = None, *, exact: bool = True, using: str = "default"
+    ) -> Decimal:
+        """The value for ``key`` as a Decimal (a sum of a DecimalField is read so)."""
+        from pgcounters.contrib.django import counters
+
+        return counters.client(using).get_decimal(self.name, counters.key_of(key), exact=exact)
 
     def get_many(
         self, keys: Iterable[object], *, exact: bool = True, using: str = "default"
@@ -262,11 +369,34 @@ def register_counter(
     filter: models.Q | None = None,
     sum: str | None = None,
     mode: Mode = "queued",
+    replica_writes: ReplicaWrites = "flag",
 ) -> NamedCounter:
-    """Declare a named counter over ``model`` (global when ``keys`` is empty)."""
-    counter = NamedCounter(name, model, tuple(keys), filter, sum, mode)
+    """Declare a named counter over ``model`` (global when ``keys`` is empty).
+
+    ``replica_writes``: what the counter does with rows written with
+    ``session_replication_role = replica`` (see :func:`pgcounters.triggers.set_replica_writes`);
+    ``migrate`` applies it.
+    """
+    counter = NamedCounter(
+        name, model, tuple(keys), filter, sum, mode, _replica_writes(replica_writes)
+    )
     _named[name] = counter
     return counter
+
+
+def replica_writes() -> dict[str, ReplicaWrites]:
+    """The ``replica_writes`` choice of every declared counter, by name (``migrate`` applies
+    them). Needs the app registry."""
+    from django.apps import apps
+
+    out: dict[str, ReplicaWrites] = {}
+    for model in apps.get_models():
+        for field in model._meta.get_fields():
+            if isinstance(field, CounterColumn):
+                out[field.spec().name] = field.counter_replica_writes
+    for counter in _named.values():
+        out[counter.name] = counter.replica_writes
+    return out
 
 
 def declared_counters() -> list[tuple[type[models.Model], CounterSpec]]:
@@ -276,7 +406,7 @@ def declared_counters() -> list[tuple[type[models.Model], CounterSpec]]:
     out: list[tuple[type[models.Model], CounterSpec]] = []
     for model in apps.get_models():
         for field in model._meta.get_fields():
-            if isinstance(field, CountField):
+            if isinstance(field, CounterColumn):
                 spec = field.spec()
                 rel = model._meta.get_field(field.relation or "")
                 source = rel.related_model

@@ -7,7 +7,7 @@ from typing import Any
 from django.db import models
 from django.db.models.expressions import Expression
 
-from pgcounters.contrib.django.declarations import CountField
+from pgcounters.contrib.django.declarations import CounterColumn
 from pgcounters.errors import InvalidArgument, ReplicaError
 from pgcounters.specs import ColumnTarget, CounterSpec
 from pgcounters.sqlfiles import named
@@ -25,7 +25,7 @@ class Exact(Expression):
     def __init__(self, field_name: str) -> None:
         super().__init__()
         self.field_name = field_name
-        self._counter: CountField | None = None
+        self._counter: CounterColumn | None = None
         self._column: Any = None
         self._key: Any = None
 
@@ -33,9 +33,13 @@ class Exact(Expression):
         copy: Exact = super().resolve_expression(query, *args, **kwargs)
         model = query.model
         field = model._meta.get_field(self.field_name)
-        if not isinstance(field, CountField):
+        if not isinstance(field, CounterColumn):
             raise InvalidArgument(f"{model.__name__}.{self.field_name} is not a pgcounters counter")
         spec = field.spec()
+        if spec.scale is not None:  # an exact sum of decimals reads as its own DecimalField
+            copy.output_field = models.DecimalField(  # type: ignore[assignment]
+                max_digits=getattr(field, "max_digits", None), decimal_places=spec.scale
+            )
         copy._counter = field
         copy._name = spec.name  # type: ignore[attr-defined]
         copy._column = models.F(self.field_name).resolve_expression(query, *args, **kwargs)
@@ -49,7 +53,9 @@ class Exact(Expression):
         key_sql, key_params = compiler.compile(self._key)
         name = self._name  # type: ignore[attr-defined]
         # compiled SQL of Django's own expressions; the counter name is a parameter
-        pending = named("django.sql")["exact_pending"]
+        scale = self._counter.counter_places if self._counter is not None else None
+        # a sum of decimals: deltas in units of 10^-scale, added to a decimal column
+        pending = named("django.sql")["exact_pending" if scale is None else "exact_pending_decimal"]
         queues = ["queue"]
         if _on_standby(connection):
             # a hot standby cannot plan a statement naming an unlogged table
@@ -63,7 +69,7 @@ class Exact(Expression):
         text = f"(coalesce({column_sql}, 0)"
         params_list: list[Any] = list(column_params)
         for queue in queues:
-            text += " + " + pending.format(queue=queue, key=key_sql)
+            text += " + " + pending.format(queue=queue, key=key_sql, scale=int(scale or 0))
             params_list += [name, *key_params]
         text += ")"
         params = tuple(params_list)
@@ -102,6 +108,12 @@ def truth_of_key(spec: CounterSpec, key_sql: str) -> str:
     from pgcounters.recount import _key_expr
 
     extra = sql.SQL("{} = {}").format(_key_expr(spec), sql.SQL(key_sql))
+    if spec.scale is not None:  # the truth in units, as a decimal
+        return (
+            sql.SQL(named("django.sql")["truth_of_key_decimal"])
+            .format(truth=truth_query(spec, extra), scale=sql.Literal(spec.scale))
+            .as_string()
+        )
     return (
         sql.SQL(named("django.sql")["truth_of_key"])
         .format(truth=truth_query(spec, extra))

@@ -19,12 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.db import connections, models, transaction
 from django.db.models import Count, Sum
 
-from pgcounters.contrib.django.declarations import CountField, NamedCounter, _named, key_type_of
+from pgcounters.client import value_of
+from pgcounters.contrib.django.declarations import CounterColumn, NamedCounter, _named, key_type_of
 from pgcounters.errors import InvalidKey, UnknownCounter
 from pgcounters.keys import Key, KeyType, decode_key
 from pgcounters.recount import Mismatch, VerifyResult
@@ -44,8 +46,9 @@ class _Declared:
     parent: type[models.Model] | None = None  # a counter column: its model ...
     parent_key: str = ""  # ... the field the foreign key points to ...
     column: str = ""  # ... and the counter field
+    scale: int | None = None  # an exact sum of decimals: its values in units of 10^-scale
 
-    def truth(self, using: str) -> dict[Key, int]:
+    def truth(self, using: str) -> dict[Key, Number]:
         """The ORM's own count (or sum) per key of the source rows."""
         rows = self.source._default_manager.using(using).all()
         if self.filter is not None:
@@ -53,11 +56,19 @@ class _Declared:
         aggregate = Count("pk") if self.sum is None else Sum(self.sum)
         if not self.keys:
             value = rows.aggregate(truth=aggregate)["truth"]
-            return {(): int(value or 0)}
+            return {(): _number(value)}
         for key in self.keys:  # a row with a NULL key part counts nowhere
             rows = rows.exclude(**{f"{key}__isnull": True})
         grouped = rows.order_by().values(*self.keys).annotate(truth=aggregate)
-        return {tuple(row[k] for k in self.keys): int(row["truth"] or 0) for row in grouped}
+        return {tuple(row[k] for k in self.keys): _number(row["truth"]) for row in grouped}
+
+
+Number = int | Decimal
+
+
+def _number(value: Any) -> Number:
+    """An ORM aggregate or a column value: a Decimal stays exact, anything else is an int."""
+    return value if isinstance(value, Decimal) else int(value or 0)
 
 
 def _column_counters() -> Iterable[_Declared]:
@@ -65,7 +76,7 @@ def _column_counters() -> Iterable[_Declared]:
 
     for model in apps.get_models():
         for field in model._meta.get_fields():
-            if not isinstance(field, CountField):
+            if not isinstance(field, CounterColumn):
                 continue
             rel = model._meta.get_field(field.relation or "")
             assert isinstance(rel, models.ManyToOneRel)
@@ -73,8 +84,9 @@ def _column_counters() -> Iterable[_Declared]:
             assert isinstance(source, type)
             fk = rel.remote_field
             assert isinstance(fk, models.ForeignKey)
+            spec = field.spec()
             yield _Declared(
-                name=field.spec().name,
+                name=spec.name,
                 source=source,
                 keys=(fk.attname,),
                 key_types=(key_type_of(fk),),
@@ -83,6 +95,7 @@ def _column_counters() -> Iterable[_Declared]:
                 parent=model,
                 parent_key=fk.target_field.attname,
                 column=field.attname,
+                scale=spec.scale,
             )
 
 
@@ -95,6 +108,7 @@ def _named_counter(counter: NamedCounter) -> _Declared:
         key_types=tuple(key_type_of(f) for f in fields),  # type: ignore[arg-type]
         filter=counter.filter,
         sum=counter.sum,
+        scale=counter.spec().scale,
     )
 
 
@@ -127,10 +141,11 @@ def _held(cursor: Any, name: str) -> list[tuple[list[str | None], int]]:
 def _compare(counter: _Declared, using: str, cursor: Any) -> VerifyResult:
     truth = counter.truth(using)
     held = _held(cursor, counter.name)
-    actual: dict[Key, int] = {}
-    undecodable: dict[tuple[str | None, ...], int] = {}
+    actual: dict[Key, Number] = {}
+    undecodable: dict[tuple[str | None, ...], Number] = {}
     keys: list[Key] = []
-    for parts, value in held:
+    for parts, units in held:
+        value: Number = units if counter.scale is None else value_of(counter.scale, units)
         key = _decoded(parts, counter.key_types)
         if key is None:
             undecodable[tuple(parts)] = value
@@ -143,7 +158,7 @@ def _compare(counter: _Declared, using: str, cursor: Any) -> VerifyResult:
         for key_value, value in stored:
             key = (key_value,)
             keys.append(key)
-            actual[key] = actual.get(key, 0) + int(value or 0)
+            actual[key] = actual.get(key, 0) + _number(value)
     else:
         keys = list(set(truth) | set(actual))
     mismatches = [
