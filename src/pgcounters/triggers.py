@@ -108,9 +108,7 @@ def _not_summable(conn: Conn, spec: CounterSpec, detail: str = "") -> str:
     if isinstance(spec.sum, str):
         with conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(
-                "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a"
-                " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped",
-                (spec.source.identifier().as_string(conn), spec.sum),
+                query("column_type"), (spec.source.identifier().as_string(conn), spec.sum)
             )
             row = cur.fetchone()
         kind = None if row is None else str(row[0])
@@ -153,9 +151,7 @@ def record(conn: Conn, spec: CounterSpec) -> None:
     :class:`CounterDefinitionConflict`: its stored values and pending deltas would be
     read in the wrong units.
     """
-    row = conn.execute(
-        "SELECT scale FROM pgcounters.targets WHERE name = %s", (spec.name,)
-    ).fetchone()
+    row = conn.execute(query("target_scale"), (spec.name,)).fetchone()
     if row is not None and row[0] != spec.scale:
 
         def units(scale: int | None) -> str:

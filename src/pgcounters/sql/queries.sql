@@ -505,3 +505,16 @@ SELECT current_setting('statement_timeout');
 -- name: set_statement_timeout
 -- set the session's statement timeout (a drain's own, or the one it put aside)
 SELECT set_config('statement_timeout', %(timeout)s, false);
+
+-- name: replica_writes_choices
+-- each declared counter's choice for writes made in replica mode
+SELECT name, replica_writes FROM pgcounters.specs ORDER BY name;
+
+-- name: column_type
+-- the SQL type of one column of a table (NULL when there is no such column)
+SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a
+ WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped;
+
+-- name: target_scale
+-- the decimal places of a counter's values (NULL: integer values)
+SELECT scale FROM pgcounters.targets WHERE name = %s;

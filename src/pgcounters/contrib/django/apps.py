@@ -74,9 +74,7 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
                 if before.get(spec.name) != spec.fingerprint:
                     backfill.request(conn, spec)
             chosen = replica_writes()
-            for name, current in conn.execute(
-                "SELECT name, replica_writes FROM pgcounters.specs ORDER BY name"
-            ).fetchall():
+            for name, current in conn.execute(query("replica_writes_choices")).fetchall():
                 wanted = chosen.get(name)
                 if name in live and wanted is not None and wanted != current:
                     conn.execute(query("set_replica_writes"), {"name": name, "mode": wanted})

@@ -114,7 +114,7 @@ BEGIN
                  ORDER BY x.%2$I
                    FOR NO KEY UPDATE OF x SKIP LOCKED
             ), applied AS (
-                UPDATE %3$s AS x SET %4$I = coalesce(x.%4$I, 0) + d.delta::bigint
+                UPDATE %3$s AS x SET %4$I = coalesce(x.%4$I, 0) + %6$s
                   FROM d JOIN locked AS l ON l.key = d.key
                  WHERE x.%2$I = d.key
                 RETURNING 1
@@ -133,7 +133,10 @@ BEGIN
                    (SELECT coalesce(sum(h.n), 0) FROM held AS h)::bigint,
                    (SELECT min(b.id) FROM back AS b)
             $q$,
-            t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column, v_queue)
+            t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column, v_queue,
+            -- a sum of decimals: the deltas are units of 10^-scale (version 13)
+            CASE WHEN t.scale IS NULL THEN 'd.delta::bigint'
+                 ELSE format('pgcounters.unscaled(d.delta, %s)', t.scale) END)
         INTO v_applied, v_busy, v_first
         USING p_columns, t.id;
         PERFORM pg_catalog.set_config('pgcounters.applying', '', true);
