@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pgcounters.bench import blog, columns, drain, hot, quota
+from pgcounters.bench import blog, columns, drain, hot, quota, sqlincr
 from pgcounters.bench.report import LISTENERS, Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
@@ -70,6 +70,7 @@ SCENARIOS: dict[str, Runner] = {
     "replica-read": _replica_read,
     "redis-cluster": _redis_cluster,
     "sharded": _sharded,
+    "sql-increment": sqlincr.sql_increment,
 }
 
 ON_REQUEST = frozenset({"sharded"})
