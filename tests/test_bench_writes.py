@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pgcounters.bench import SCENARIOS, pgbench
 from pgcounters.bench.sqlincr import VARIANTS
+from pgcounters.connection import Conn
 
 
 def test_pgbench_is_found_and_its_rate_is_read(dsn: str) -> None:
@@ -11,7 +12,8 @@ def test_pgbench_is_found_and_its_rate_is_read(dsn: str) -> None:
     assert binary is not None  # the embedded PostgreSQL ships it
     result = pgbench.run(binary, dsn, "SELECT 1;\n", clients=2, transactions=5)
     assert result.transactions == 10
-    assert result.tps > 0 and result.seconds > 0
+    assert result.tps > 0
+    assert result.seconds > 0
 
 
 def test_the_sql_increment_scenario_counts_every_increment(dsn: str) -> None:
@@ -22,3 +24,34 @@ def test_the_sql_increment_scenario_counts_every_increment(dsn: str) -> None:
     assert targets[("incr queued", "INSERT queued")] == 0.95
     assert targets[("incr unlogged", "INSERT unlogged")] == 0.95
     assert "| incr queued | INSERT queued |" in scenario.table()
+
+
+def test_the_counters_per_table_scenario_checks_every_delta(dsn: str) -> None:
+    from pgcounters.bench import width
+
+    scenario = SCENARIOS["counters-per-table"](dsn, 1, True)
+    expected = {f"{shape} {n}{suffix}" for n in width.WIDTHS for shape, suffix in
+                (("single-row", ""), ("single-row", " async"), ("bulk", ""))}  # fmt: skip
+    assert set(scenario.runs) == expected
+    assert all(m.exact for runs in scenario.runs.values() for m in runs)
+    targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
+    assert targets[("single-row 1", "single-row 0")] == 0.85
+    assert targets[("single-row 5", "single-row 0")] == 0.7
+    assert targets[("bulk 2", "bulk 0")] == 0.8
+
+
+def test_a_lost_delta_is_not_exact(conn: Conn) -> None:
+    from pgcounters.bench import width
+
+    width.prepare(conn)
+    try:
+        # two rows with the same keys: one delta of +2 per counter
+        conn.execute("INSERT INTO bench_width.t5 (a, b, c) VALUES (1, 2, 3), (1, 2, 3)")
+        assert width.exact(conn, 5, 2, single_row=False)
+        assert not width.exact(conn, 5, 2, single_row=True)  # one delta of +2, not one per row
+        conn.execute(
+            "DELETE FROM pgcounters.queue WHERE id = (SELECT max(id) FROM pgcounters.queue)"
+        )
+        assert not width.exact(conn, 5, 2, single_row=False)
+    finally:
+        width.cleanup(conn)

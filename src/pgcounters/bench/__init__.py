@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pgcounters.bench import blog, columns, drain, hot, quota, sqlincr
+from pgcounters.bench import blog, columns, drain, hot, quota, sqlincr, width
 from pgcounters.bench.report import LISTENERS, Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
@@ -71,6 +71,7 @@ SCENARIOS: dict[str, Runner] = {
     "redis-cluster": _redis_cluster,
     "sharded": _sharded,
     "sql-increment": sqlincr.sql_increment,
+    "counters-per-table": width.counters_per_table,
 }
 
 ON_REQUEST = frozenset({"sharded"})

@@ -43,3 +43,30 @@ SELECT count(*) FROM {table};
 
 -- name: queued
 SELECT coalesce(sum(delta), 0) FROM {table} WHERE target_id = %(target)s;
+
+-- name: width_table
+-- A busy table of the counters-per-table benchmark ({table}), counted 0 to 10 times.
+CREATE TABLE {table} (
+    id bigserial PRIMARY KEY,
+    a integer NOT NULL,
+    b integer NOT NULL,
+    c integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: pgbench_single_row
+\set a random(1, 1000)
+\set b random(1, 1000)
+\set c random(1, 100)
+INSERT INTO {table} (a, b, c) VALUES (:a, :b, :c);
+
+-- name: width_bulk
+INSERT INTO {table} (a, b, c)
+SELECT 1 + mod(g, 1000), 1 + mod(g * 7, 1000), 1 + mod(g, 100) FROM generate_series(1, %(n)s::integer) AS g;
+
+-- name: width_queued
+-- Deltas queued per counter of the table, and their sum: one per row and counter.
+SELECT t.name, count(q.id), coalesce(sum(q.delta), 0)
+  FROM pgcounters.targets AS t LEFT JOIN pgcounters.queue AS q ON q.target_id = t.id
+ WHERE t.name = ANY (%(names)s::text[])
+ GROUP BY t.name;
