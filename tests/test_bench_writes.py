@@ -55,3 +55,17 @@ def test_a_lost_delta_is_not_exact(conn: Conn) -> None:
         assert not width.exact(conn, 5, 2, single_row=False)
     finally:
         width.cleanup(conn)
+
+
+def test_the_worker_cost_run_measures_cpu_lag_and_counts_every_increment(dsn: str) -> None:
+    from pgcounters.bench import worker_cost
+
+    binary = pgbench.find()
+    assert binary is not None
+    m = worker_cost._run(dsn, binary, 0.02, 1.0)
+    assert m.exact
+    assert m.operations > 0
+    assert m.seconds > 0  # the worker and its backend used some CPU
+    assert m.extra["CPU us/delta"] > 0
+    assert m.extra["lag p99 ms"] >= m.extra["lag p50 ms"] >= 0
+    assert set(worker_cost.VARIANTS) == {"linger 0", "linger 20 ms (default)", "linger 50 ms"}

@@ -785,6 +785,7 @@ def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
         batch_size=args.batch_size,
         min_interval=args.min_interval,
         max_interval=args.max_interval,
+        linger=args.linger,
         listen=args.listen,
         statement_timeout=args.statement_timeout,
         idle_in_transaction_timeout=args.idle_timeout,
@@ -848,6 +849,10 @@ def _add_operations(add: Callable[[str, Handler, str], argparse.ArgumentParser])
     p.add_argument(
         "--max-interval", type=float, default=2.0, metavar="S", help="longest wait when idle"
     )
+    p.add_argument(
+        "--linger", type=float, default=0.02, metavar="S",
+        help="wait after a batch that was not full, to gather more deltas (0: none)",
+    )  # fmt: skip
     p.add_argument("--listen", action="store_true", help="also wake on notifications (`wakeup on`)")
     p.add_argument("--statement-timeout", type=float, default=60.0, metavar="S")
     p.add_argument(

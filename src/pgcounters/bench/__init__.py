@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pgcounters.bench import blog, columns, drain, hot, quota, sqlincr, width
+from pgcounters.bench import blog, columns, drain, hot, quota, sqlincr, width, worker_cost
 from pgcounters.bench.report import LISTENERS, Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
@@ -72,6 +72,7 @@ SCENARIOS: dict[str, Runner] = {
     "sharded": _sharded,
     "sql-increment": sqlincr.sql_increment,
     "counters-per-table": width.counters_per_table,
+    "worker-cost": worker_cost.worker_cost,
 }
 
 ON_REQUEST = frozenset({"sharded"})

@@ -64,13 +64,16 @@ def run(
     script: str,
     *,
     clients: int,
-    transactions: int,
+    transactions: int | None = None,
+    seconds: float | None = None,
+    rate: float | None = None,
     threads: int = 2,
     options: str | None = None,
     defines: dict[str, str] | None = None,
 ) -> PgbenchRun:
     """Run ``script`` (pgbench's script language) from ``clients`` connections, each doing
-    ``transactions`` transactions, with prepared statements; ``defines`` are the script's
+    ``transactions`` transactions (or all of them for ``seconds``, at ``rate`` transactions
+    a second in total if given), with prepared statements; ``defines`` are the script's
     variables (``:name``). ``options`` becomes the
     sessions' PGOPTIONS (``-c name=value``)."""
     with tempfile.TemporaryDirectory(prefix="pgcounters-pgbench-") as folder:
@@ -86,7 +89,9 @@ def run(
                 "--protocol=prepared",
                 f"--client={clients}",
                 f"--jobs={min(threads, clients)}",
-                f"--transactions={transactions}",
+                *([f"--transactions={transactions}"] if transactions is not None else []),
+                *([f"--time={max(1, round(seconds))}"] if seconds is not None else []),
+                *([f"--rate={rate:g}"] if rate is not None else []),
                 f"--file={path}",
                 *(f"--define={name}={value}" for name, value in (defines or {}).items()),
                 dsn,

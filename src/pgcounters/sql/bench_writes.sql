@@ -70,3 +70,16 @@ SELECT t.name, count(q.id), coalesce(sum(q.delta), 0)
   FROM pgcounters.targets AS t LEFT JOIN pgcounters.queue AS q ON q.target_id = t.id
  WHERE t.name = ANY (%(names)s::text[])
  GROUP BY t.name;
+
+-- name: pgbench_incr_lag
+\set k random(0, 9)
+SELECT pgcounters.incr('bench.lag', ARRAY[:k::text], 1);
+
+-- name: worker_backend
+-- The backend of the one worker connected to this database.
+SELECT pid FROM pg_stat_activity
+ WHERE application_name = %(name)s AND datname = current_database();
+
+-- name: lag_total
+SELECT coalesce(sum(value), 0) FROM pgcounters.counters
+ WHERE target_id = (SELECT id FROM pgcounters.targets WHERE name = 'bench.lag');
