@@ -378,7 +378,11 @@ class Worker:
         got = 0
         full = False
         busy = False
-        holding = conn.execute(_ops("queues_holding")).fetchone() or (True, True)
+        try:
+            holding = conn.execute(_ops("queues_holding")).fetchone() or (True, True)
+        except (pg.FeatureNotSupported, pg.ObjectNotInPrerequisiteState):
+            # a standby cannot read an unlogged table: the drain says what is wrong
+            holding = (True, True)
         for unlogged in (False, True):
             if self._stop.is_set():
                 break
