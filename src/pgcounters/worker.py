@@ -187,6 +187,9 @@ class Worker:
         # no backfill was pending when last looked: rounds that apply deltas look again
         # after this (monotonic) time, idle rounds always
         self._no_backfill_until = 0.0
+        # the last round applied queued deltas without filling a batch, and ran no backfill
+        # batch: the next waits the linger (a backfill goes on at once)
+        self._trickle = False
 
     # -- public -------------------------------------------------------------
 
@@ -251,7 +254,7 @@ class Worker:
                     # inserts and of rows other drainers took), so no round waits more than
                     # the linger before looking again.
                     interval = s.min_interval
-                    if not full and s.linger:
+                    if not full and s.linger and self._trickle:
                         self._stop.wait(s.linger)
                     continue
                 self._wait(conn, interval)
@@ -418,6 +421,7 @@ class Worker:
                     "%d deltas could not be applied and were set aside (%s queue): "
                     "see `pgcounters quarantine list`", batch.quarantined, queue,
                 )  # fmt: skip
+        self._trickle = got > 0
         now = time.monotonic()
         if (
             not full
@@ -430,6 +434,7 @@ class Worker:
             try:
                 stepped = backfill.step(conn, min(self._batch_size, 1000))
                 got += stepped
+                self._trickle = self._trickle and not stepped
                 self._no_backfill_until = now + 1.0 if not stepped else 0.0
             except PermissionDenied as exc:
                 self._backfills = False
