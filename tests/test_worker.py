@@ -156,6 +156,7 @@ def test_a_batch_over_statement_timeout_is_retried_smaller(
         ("max_interval", -1),
         ("statement_timeout", -1),
         ("reconnect_min", 0),
+        ("linger", -0.01),
     ],
 )
 def test_bad_settings_are_refused(dsn: str, field: str, value: object) -> None:
@@ -166,6 +167,76 @@ def test_bad_settings_are_refused(dsn: str, field: str, value: object) -> None:
 def test_max_interval_below_min_interval_is_refused(dsn: str) -> None:
     with pytest.raises(ConfigurationError, match="below min_interval"):
         Worker(dsn, WorkerSettings(min_interval=2, max_interval=1))
+
+
+def _drain_calls(conn: Conn) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
+        " WHERE schemaname = 'pgcounters' AND funcname = 'drain_queue'"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_a_worker_drains_only_the_queues_that_hold_deltas(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    # the worker's calls of the drain function are counted by the statistics
+    database = conn.execute("SELECT current_database()").fetchone()
+    assert database is not None
+    conn.execute(
+        psycopg.sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(
+            psycopg.sql.Identifier(database[0])
+        )
+    )
+    pc.create_counter("views", int)
+    for i in range(50):
+        pc.incr("views", i % 5)
+    worker = Worker(dsn, FAST)
+    with running(worker) as errors:
+        wait_for(lambda: queued(conn) == 0)
+        # many rounds over empty queues after that
+        rounds = worker.get_stats().rounds
+        wait_for(lambda: worker.get_stats().rounds >= rounds + 10)
+    assert errors == []
+    stats = worker.get_stats()
+    assert stats.deltas == 50
+    # its backend has gone and left its statistics: one drain call per batch that applied
+    # deltas, none for the unlogged queue that never held any, none for the empty rounds
+    wait_for(lambda: _drain_calls(conn) > 0)
+    assert _drain_calls(conn) == stats.batches
+    assert pc.get("views", 0) == 10
+
+
+def test_a_lingering_worker_gathers_the_deltas_of_its_linger_in_one_batch(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    pc.create_counter("views", int)
+    worker = Worker(dsn, WorkerSettings(min_interval=0.01, max_interval=0.05, linger=5.0))
+    with running(worker) as errors:
+        pc.incr("views", 1)
+        wait_for(lambda: worker.get_stats().batches == 1)
+        first = worker.get_stats().rounds  # the round of that batch, or the one before it
+        # the worker now lingers: the deltas written meanwhile wait for one batch, and no
+        # round runs until then
+        for i in range(20):
+            pc.incr("views", i % 4)
+        wait_for(lambda: queued(conn) == 0)
+        stats = worker.get_stats()
+    assert errors == []
+    assert (stats.batches, stats.deltas) == (2, 21)
+    assert stats.rounds <= first + 2
+    assert [pc.get("views", k) for k in range(4)] == [5, 6, 5, 5]
+
+
+def test_stopping_a_lingering_worker_does_not_wait_for_the_linger(dsn: str, pc: Counters) -> None:
+    pc.create_counter("views", int)
+    worker = Worker(dsn, WorkerSettings(min_interval=0.01, max_interval=0.05, linger=600.0))
+    with running(worker) as errors:
+        pc.incr("views", 1)
+        wait_for(lambda: worker.get_stats().batches == 1)
+    # running() joined the thread within its timeout, far below the linger
+    assert errors == []
 
 
 # -- wake-ups -----------------------------------------------------------------

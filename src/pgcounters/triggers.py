@@ -107,9 +107,7 @@ def _not_summable(conn: Conn, spec: CounterSpec, detail: str = "") -> str:
     kind = None
     if isinstance(spec.sum, str):
         with conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                query("column_type"), (spec.source.identifier().as_string(conn), spec.sum)
-            )
+            cur.execute(query("column_type"), (spec.source.identifier().as_string(conn), spec.sum))
             row = cur.fetchone()
         kind = None if row is None else str(row[0])
     what = f"its sum ({spec.sum}{f', {kind}' if kind else ''})"

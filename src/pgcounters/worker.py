@@ -5,8 +5,11 @@ A worker applies queued deltas batch after batch (one transaction per batch,
 
 * **polling with backoff**: after an empty round it waits ``min_interval``,
   doubling up to ``max_interval`` while the queues stay empty; a round that
-  found deltas is followed by the next at once, and brings the wait back to
-  ``min_interval``;
+  filled a batch is followed by the next at once; a round that found fewer
+  deltas waits ``linger`` first (so that the next batch gathers the deltas of
+  that time instead of a few each: the trade between lag and the worker's
+  cost), and brings the wait back to ``min_interval``. Each round first looks
+  which queues hold deltas and drains only those;
 * **wake-ups (opt-in)**: with ``listen=True`` it also LISTENs on the channel
   the wake-up triggers notify (``pgcounters wakeup on``), at most once per
   interval, never once per delta, and wakes at once. Polling stays on, so a
@@ -79,6 +82,10 @@ class WorkerSettings:
     """Wait after a round that found some deltas; the first wait when idle."""
     max_interval: float = 2.0
     """Longest wait while the queues stay empty."""
+    linger: float = 0.02
+    """Wait after a round that found deltas but filled no batch: deltas arriving meanwhile
+    are applied together, in fewer, larger batches. Adds up to this much lag; 0 drains
+    again at once (the least lag, and a batch, a transaction, for every few deltas)."""
     listen: bool = False
     """Also wake on the wake-up notifications (``pgcounters wakeup on``)."""
     statement_timeout: float = 60.0
@@ -114,7 +121,7 @@ class WorkerSettings:
             )
         for name in ("min_interval", "max_interval", "reconnect_min", "reconnect_max"):
             positive(name, getattr(self, name))
-        for name in ("statement_timeout", "idle_in_transaction_timeout", "log_every"):
+        for name in ("statement_timeout", "idle_in_transaction_timeout", "log_every", "linger"):
             positive(name, getattr(self, name), allow_zero=True)
         positive("connect_timeout", self.connect_timeout)
         if self.max_interval < self.min_interval:
@@ -178,6 +185,12 @@ class Worker:
         self._backfills = True  # off once the role turns out unable to run them
         self._listening = False
         self._summary = (time.monotonic(), 0, 0)
+        # no backfill was pending when last looked: rounds that apply deltas look again
+        # after this (monotonic) time, idle rounds always
+        self._no_backfill_until = 0.0
+        # the last round applied queued deltas without filling a batch, and ran no backfill
+        # batch: the next waits the linger (a backfill goes on at once)
+        self._trickle = False
 
     # -- public -------------------------------------------------------------
 
@@ -237,10 +250,13 @@ class Worker:
                     self._wait(conn, s.max_interval)
                     continue
                 if got or full:
-                    # deltas found: go on at once. A batch may be short while more are
-                    # queued (the range claim skips ids of rolled-back inserts and of
-                    # rows other drainers took), so only an empty round waits.
+                    # deltas found: go on, at once after a full batch. A batch may be short
+                    # while more are queued (the range claim skips ids of rolled-back
+                    # inserts and of rows other drainers took), so no round waits more than
+                    # the linger before looking again.
                     interval = s.min_interval
+                    if not full and s.linger and self._trickle:
+                        self._stop.wait(s.linger)
                     continue
                 self._wait(conn, interval)
                 # deltas left for rows other transactions hold: look again soon (a
@@ -366,9 +382,16 @@ class Worker:
         got = 0
         full = False
         busy = False
+        try:
+            holding = conn.execute(_ops("queues_holding")).fetchone() or (True, True)
+        except (pg.FeatureNotSupported, pg.ObjectNotInPrerequisiteState):
+            # a standby cannot read an unlogged table: the drain says what is wrong
+            holding = (True, True)
         for unlogged in (False, True):
             if self._stop.is_set():
                 break
+            if not holding[unlogged]:
+                continue
             batch = pc.drain_queue_batch(self._batch_size, unlogged=unlogged)
             deltas = batch.deltas + batch.quarantined
             # deltas left busy with more queued ahead of them: go on at once
@@ -399,10 +422,21 @@ class Worker:
                     "%d deltas could not be applied and were set aside (%s queue): "
                     "see `pgcounters quarantine list`", batch.quarantined, queue,
                 )  # fmt: skip
-        if not full and not self._stop.is_set() and self._backfills:
-            # the queues are drained: one batch of a pending backfill, if any
+        self._trickle = got > 0
+        now = time.monotonic()
+        if (
+            not full
+            and not self._stop.is_set()
+            and self._backfills
+            and (not got or now >= self._no_backfill_until)
+        ):
+            # the queues are drained: one batch of a pending backfill, if any (while deltas
+            # keep coming, looking for none costs a statement a round: once a second)
             try:
-                got += backfill.step(conn, min(self._batch_size, 1000))
+                stepped = backfill.step(conn, min(self._batch_size, 1000))
+                got += stepped
+                self._trickle = self._trickle and not stepped
+                self._no_backfill_until = now + 1.0 if not stepped else 0.0
             except PermissionDenied as exc:
                 self._backfills = False
                 logger.warning("backfills left to others: %s (see `pgcounters grant`)", exc)

@@ -120,6 +120,7 @@ def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
         batch_size=args.batch_size,
         min_interval=args.min_interval,
         max_interval=args.max_interval,
+        linger=args.linger,
         listen=args.listen,
         statement_timeout=args.statement_timeout,
         idle_in_transaction_timeout=args.idle_timeout,
@@ -237,6 +238,8 @@ def configure_operations(sub: Any) -> None:
                    help="first wait when idle")  # fmt: skip
     p.add_argument("--max-interval", type=positive_seconds, default=2.0, metavar="S",
                    help="longest wait when idle")  # fmt: skip
+    p.add_argument("--linger", type=non_negative_seconds, default=0.02, metavar="S",
+                   help="wait after a batch not full, to gather more (0: none)")  # fmt: skip
     p.add_argument("--listen", action="store_true", help="also wake on notifications (`wakeup on`)")
     p.add_argument("--statement-timeout", type=non_negative_seconds, default=60.0, metavar="S")
     p.add_argument(

@@ -6,6 +6,13 @@
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false);
 
+-- name: queues_holding
+-- Which queues hold a delta (the first id by the primary key: dead rows of drained
+-- batches are not read one by one). A worker drains only those: an empty queue costs
+-- this one look instead of a drain transaction.
+SELECT (SELECT id FROM pgcounters.queue ORDER BY id LIMIT 1) IS NOT NULL,
+       (SELECT id FROM pgcounters.queue_unlogged ORDER BY id LIMIT 1) IS NOT NULL;
+
 -- name: listen
 -- the worker listens for wake-ups
 LISTEN pgcounters_queue;

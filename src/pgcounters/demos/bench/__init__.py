@@ -20,7 +20,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pgcounters.demos.bench import blog, columns, drain, drain_keys, hot, quota
+from pgcounters.demos.bench import (
+    blog,
+    columns,
+    drain,
+    drain_keys,
+    hot,
+    quota,
+    sqlincr,
+    width,
+    worker_cost,
+)
 from pgcounters.demos.bench.report import LISTENERS, Measurement, Runner, Scenario
 
 __all__ = ["SCENARIOS", "Measurement", "Scenario", "main"]
@@ -72,6 +82,9 @@ SCENARIOS: dict[str, Runner] = {
     "replica-read": _replica_read,
     "redis-cluster": _redis_cluster,
     "sharded": _sharded,
+    "sql-increment": sqlincr.sql_increment,
+    "counters-per-table": width.counters_per_table,
+    "worker-cost": worker_cost.worker_cost,
 }
 
 ON_REQUEST = frozenset({"sharded"})

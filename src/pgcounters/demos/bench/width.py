@@ -1,0 +1,168 @@
+"""``counters-per-table``: what each declared counter costs the writes of a busy table.
+
+One table (``bench_width.t<N>``) with N = 0, 1, 2, 5 and 10 declared counters (queued,
+keyed by one of three integer columns), written two ways:
+
+* ``single-row N``: pgbench, 4 client processes, one single-row INSERT a transaction
+  (2,000 each; 500 with ``--quick``), the database's default durability;
+* ``single-row N async``: the same with ``synchronous_commit = off``: a COMMIT does not
+  wait for the disk, so the rate shows the CPU each counter costs (on a machine whose
+  disk makes every COMMIT slow, the default durability hides it);
+* ``bulk N``: one ``INSERT ... SELECT`` of 100k rows (20k with ``--quick``) and its COMMIT.
+
+Targets: single-row with 1 counter >= 0.85x the rate with none, with 5 >= 0.7x; bulk
+with 2 counters costs at most 1.25x the insert with none (ratio >= 0.8). Each run starts
+from an empty table and queue (not timed); afterwards every counter must have queued
+exactly one delta of +1 per row (single-row) or deltas summing to the rows (bulk).
+"""
+
+from __future__ import annotations
+
+import time
+
+from psycopg import sql
+
+from pgcounters import triggers
+from pgcounters.config import connect
+from pgcounters.connection import Conn
+from pgcounters.demos import sqlfiles
+from pgcounters.demos.bench import pgbench
+from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
+from pgcounters.schema import install
+from pgcounters.specs import CounterSpec, NamedTarget, Table
+
+SCHEMA = "bench_width"
+WIDTHS = (0, 1, 2, 5, 10)
+CLIENTS = 4
+COMPARISONS: tuple[Comparison, ...] = (
+    ("single-row 1", "single-row 0", 0.85),
+    ("single-row 2", "single-row 0", None),
+    ("single-row 5", "single-row 0", 0.7),
+    ("single-row 10", "single-row 0", None),
+    ("single-row 1 async", "single-row 0 async", None),
+    ("single-row 2 async", "single-row 0 async", None),
+    ("single-row 5 async", "single-row 0 async", None),
+    ("single-row 10 async", "single-row 0 async", None),
+    ("bulk 1", "bulk 0", None),
+    # "at most 1.25x the insert with no counters": time ratio >= 1 / 1.25
+    ("bulk 2", "bulk 0", 0.8),
+    ("bulk 5", "bulk 0", None),
+    ("bulk 10", "bulk 0", None),
+)
+
+
+def _q(name: str, table: str) -> sql.Composed:
+    text = sqlfiles.named("bench_writes.sql")[name]
+    return sql.SQL(text).format(table=sql.Identifier(SCHEMA, table))
+
+
+def names(width: int) -> list[str]:
+    return [f"bench.width.t{width}.c{i}" for i in range(width)]
+
+
+def specs(width: int) -> list[CounterSpec]:
+    return [
+        CounterSpec(
+            name=name,
+            source=Table(f"t{width}", SCHEMA),
+            keys=(("a", "b", "c")[i % 3],),
+            target=NamedTarget(("bigint",)),
+        )
+        for i, name in enumerate(names(width))
+    ]
+
+
+def cleanup(conn: Conn) -> None:
+    for width in WIDTHS:
+        for name in names(width):
+            triggers.uninstall(conn, name, drop_values=True)
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+
+
+def prepare(conn: Conn) -> None:
+    install(conn)
+    cleanup(conn)
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
+    for width in WIDTHS:
+        conn.execute(_q("width_table", f"t{width}"))
+        triggers.install(conn, specs(width))
+
+
+def _empty(conn: Conn, width: int) -> None:
+    # TRUNCATE fires each counter's own reset: the queue and the stored values are empty
+    conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(SCHEMA, f"t{width}")))
+
+
+def exact(conn: Conn, width: int, rows: int, *, single_row: bool) -> bool:
+    """Every counter of the table queued deltas summing to ``rows`` (one a row: single-row)."""
+    found = conn.execute(
+        sqlfiles.named("bench_writes.sql")["width_queued"], {"names": names(width)}
+    ).fetchall()
+    if len(found) != width:
+        return False
+    return all(total == rows and (not single_row or count == rows) for _, count, total in found)
+
+
+def _single_row(
+    binary: str, dsn: str, conn: Conn, width: int, per_client: int, *, asynchronous: bool
+) -> Measurement:
+    _empty(conn, width)
+    script = _q("pgbench_single_row", f"t{width}").as_string(conn) + ";\n"
+    result = pgbench.run(
+        binary,
+        dsn,
+        script,
+        clients=CLIENTS,
+        transactions=per_client,
+        options="-c synchronous_commit=off" if asynchronous else None,
+    )
+    ok = result.transactions == CLIENTS * per_client and exact(
+        conn, width, result.transactions, single_row=True
+    )
+    return Measurement(result.seconds, result.transactions, ok)
+
+
+def _bulk(dsn: str, conn: Conn, width: int, rows: int) -> Measurement:
+    _empty(conn, width)
+    with connect(dsn, autocommit=False) as writer:
+        started = time.perf_counter()
+        writer.execute(_q("width_bulk", f"t{width}"), {"n": rows})
+        writer.commit()
+        seconds = time.perf_counter() - started
+    return Measurement(seconds, rows, exact(conn, width, rows, single_row=False))
+
+
+def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
+    per_client, rows = (500, 20_000) if quick else (2_000, 100_000)
+    scenario = Scenario(
+        "counters-per-table",
+        f"One table with 0, 1, 2, 5 or 10 declared counters (queued): single-row INSERTs, "
+        f"one a transaction, from {CLIENTS} pgbench client processes x {per_client}, and one "
+        f"bulk INSERT ... SELECT of {rows:,} rows; single-row again with synchronous_commit "
+        "off (async: the CPU each counter costs, the disk's wait left out). Targets: "
+        "single-row with 1 counter >= 0.85x the rate with none, with 5 >= 0.7x; bulk with "
+        "2 counters at most 1.25x the time with none.",
+        unit="rows",
+    )
+    binary = pgbench.find()
+    if binary is None:
+        scenario.description += " Single-row variants " + pgbench.MISSING
+    with connect(dsn) as conn:
+        prepare(conn)
+        try:
+            for _ in range(repeat):
+                for asynchronous in (False, True) if binary is not None else ():
+                    for width in WIDTHS:
+                        assert binary is not None
+                        m = _single_row(
+                            binary, dsn, conn, width, per_client, asynchronous=asynchronous
+                        )
+                        suffix = " async" if asynchronous else ""
+                        scenario.add(f"single-row {width}{suffix}", m)
+                for width in WIDTHS:
+                    scenario.add(f"bulk {width}", _bulk(dsn, conn, width, rows))
+        finally:
+            cleanup(conn)
+    scenario.compare([c for c in COMPARISONS if c[0] in scenario.runs and c[1] in scenario.runs])
+    scenario.headline = ("single-row 1", "single-row 0")
+    return scenario

@@ -1,0 +1,85 @@
+-- Statements of the write benchmarks (`sql-increment`, `counters-per-table`). The
+-- pgbench scripts use pgbench's script language: `\set` draws a key, `:name` is a
+-- variable (pgbench sends it as a parameter of the prepared statement); :queued and
+-- :unlogged are the ids of the counters bench.queued and bench.unlogged.
+
+-- name: pgbench_update
+\set k random(0, 9)
+UPDATE reference_counters SET current_value = current_value + 1 WHERE counter_name = :k::text;
+
+-- name: pgbench_reference_queue
+\set k random(0, 9)
+INSERT INTO reference_queue (counter_name, value_change) VALUES (:k::text, 1);
+
+-- name: pgbench_reference_unlogged_queue
+\set k random(0, 9)
+INSERT INTO reference_queue_unlogged (counter_name, value_change) VALUES (:k::text, 1);
+
+-- name: pgbench_insert_queued
+\set k random(0, 9)
+INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (:queued, ARRAY[:k::text], 1);
+
+-- name: pgbench_incr_queued
+\set k random(0, 9)
+SELECT pgcounters.incr('bench.queued', ARRAY[:k::text], 1);
+
+-- name: pgbench_insert_unlogged
+\set k random(0, 9)
+INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (:unlogged, ARRAY[:k::text], 1);
+
+-- name: pgbench_incr_unlogged
+\set k random(0, 9)
+SELECT pgcounters.incr('bench.unlogged', ARRAY[:k::text], 1);
+
+-- name: reset_increments
+TRUNCATE reference_queue, reference_queue_unlogged, pgcounters.queue, pgcounters.queue_unlogged;
+UPDATE reference_counters SET current_value = 0;
+
+-- name: updated
+SELECT coalesce(sum(current_value), 0) FROM reference_counters;
+
+-- name: reference_queued
+SELECT count(*) FROM {table};
+
+-- name: queued
+SELECT coalesce(sum(delta), 0) FROM {table} WHERE target_id = %(target)s;
+
+-- name: width_table
+-- A busy table of the counters-per-table benchmark ({table}), counted 0 to 10 times.
+CREATE TABLE {table} (
+    id bigserial PRIMARY KEY,
+    a integer NOT NULL,
+    b integer NOT NULL,
+    c integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: pgbench_single_row
+\set a random(1, 1000)
+\set b random(1, 1000)
+\set c random(1, 100)
+INSERT INTO {table} (a, b, c) VALUES (:a, :b, :c);
+
+-- name: width_bulk
+INSERT INTO {table} (a, b, c)
+SELECT 1 + mod(g, 1000), 1 + mod(g * 7, 1000), 1 + mod(g, 100) FROM generate_series(1, %(n)s::integer) AS g;
+
+-- name: width_queued
+-- Deltas queued per counter of the table, and their sum: one per row and counter.
+SELECT t.name, count(q.id), coalesce(sum(q.delta), 0)
+  FROM pgcounters.targets AS t LEFT JOIN pgcounters.queue AS q ON q.target_id = t.id
+ WHERE t.name = ANY (%(names)s::text[])
+ GROUP BY t.name;
+
+-- name: pgbench_incr_lag
+\set k random(0, 9)
+SELECT pgcounters.incr('bench.lag', ARRAY[:k::text], 1);
+
+-- name: worker_backend
+-- The backend of the one worker connected to this database.
+SELECT pid FROM pg_stat_activity
+ WHERE application_name = %(name)s AND datname = current_database();
+
+-- name: lag_total
+SELECT coalesce(sum(value), 0) FROM pgcounters.counters
+ WHERE target_id = (SELECT id FROM pgcounters.targets WHERE name = 'bench.lag');

@@ -1,0 +1,71 @@
+"""Smoke runs of the write benchmarks with tiny sizes: every variant exact, ratios reported."""
+
+from __future__ import annotations
+
+from pgcounters.connection import Conn
+from pgcounters.demos.bench import SCENARIOS, pgbench
+from pgcounters.demos.bench.sqlincr import VARIANTS
+
+
+def test_pgbench_is_found_and_its_rate_is_read(dsn: str) -> None:
+    binary = pgbench.find()
+    assert binary is not None  # the embedded PostgreSQL ships it
+    result = pgbench.run(binary, dsn, "SELECT 1;\n", clients=2, transactions=5)
+    assert result.transactions == 10
+    assert result.tps > 0
+    assert result.seconds > 0
+
+
+def test_the_sql_increment_scenario_counts_every_increment(dsn: str) -> None:
+    scenario = SCENARIOS["sql-increment"](dsn, 1, True)
+    assert set(scenario.runs) == set(VARIANTS)
+    assert all(m.exact and m.operations == 2000 for runs in scenario.runs.values() for m in runs)
+    targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
+    assert targets[("incr queued", "INSERT queued")] == 0.95
+    assert targets[("incr unlogged", "INSERT unlogged")] == 0.95
+    assert "| incr queued | INSERT queued |" in scenario.table()
+
+
+def test_the_counters_per_table_scenario_checks_every_delta(dsn: str) -> None:
+    from pgcounters.demos.bench import width
+
+    scenario = SCENARIOS["counters-per-table"](dsn, 1, True)
+    expected = {f"{shape} {n}{suffix}" for n in width.WIDTHS for shape, suffix in
+                (("single-row", ""), ("single-row", " async"), ("bulk", ""))}  # fmt: skip
+    assert set(scenario.runs) == expected
+    assert all(m.exact for runs in scenario.runs.values() for m in runs)
+    targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
+    assert targets[("single-row 1", "single-row 0")] == 0.85
+    assert targets[("single-row 5", "single-row 0")] == 0.7
+    assert targets[("bulk 2", "bulk 0")] == 0.8
+
+
+def test_a_lost_delta_is_not_exact(conn: Conn) -> None:
+    from pgcounters.demos.bench import width
+
+    width.prepare(conn)
+    try:
+        # two rows with the same keys: one delta of +2 per counter
+        conn.execute("INSERT INTO bench_width.t5 (a, b, c) VALUES (1, 2, 3), (1, 2, 3)")
+        assert width.exact(conn, 5, 2, single_row=False)
+        assert not width.exact(conn, 5, 2, single_row=True)  # one delta of +2, not one per row
+        conn.execute(
+            "DELETE FROM pgcounters.queue WHERE id = (SELECT max(id) FROM pgcounters.queue)"
+        )
+        assert not width.exact(conn, 5, 2, single_row=False)
+    finally:
+        width.cleanup(conn)
+
+
+def test_the_worker_cost_run_measures_cpu_lag_and_counts_every_increment(dsn: str) -> None:
+    from pgcounters.demos.bench import worker_cost
+
+    binary = pgbench.find()
+    assert binary is not None
+    m = worker_cost._run(dsn, binary, 0.02, 1.0)
+    assert m.exact
+    assert m.operations > 0
+    assert m.seconds > 0  # the worker and its backend used some CPU
+    assert m.extra["CPU us/delta"] > 0
+    assert m.extra["lag p99 ms"] >= m.extra["lag p50 ms"] >= 0
+    assert set(worker_cost.VARIANTS) == {"linger 0", "linger 20 ms (default)", "linger 50 ms"}
