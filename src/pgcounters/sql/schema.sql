@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 12
+-- version: 15
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -63,7 +63,9 @@ CREATE TABLE pgcounters.targets (
          AND target_column IS NULL AND target_key_column IS NULL)
         OR (target_table IS NOT NULL AND target_schema IS NOT NULL
             AND target_column IS NOT NULL AND target_key_column IS NOT NULL
-            AND array_length(key_types, 1) = 1))
+            AND array_length(key_types, 1) = 1)),
+    -- a sum of decimals: its values are kept in units of 10^-scale (NULL: integers)
+    scale             integer CHECK (scale BETWEEN 0 AND 18)
 );
 
 -- Stored values of named counters, one row per (counter, key).
@@ -71,11 +73,33 @@ CREATE TABLE pgcounters.counters (
     target_id integer NOT NULL,
     key       text[] NOT NULL,
     value     bigint NOT NULL,
-    PRIMARY KEY (target_id, key)
-) WITH (fillfactor = 70);
+    PRIMARY KEY (target_id, key),
+    -- The rank band of the value: 0 for -16 .. 15, then one band per power of two,
+    -- mirrored below zero; monotonic in the value, so the N greatest values are among
+    -- the rows of the N first rows' bands. An update that keeps a value in its band
+    -- (most of them) is heap-only and touches no index.
+    band      smallint GENERATED ALWAYS AS ((
+        CASE WHEN value >= 0 THEN 1 ELSE -1 END
+        * width_bucket(CASE WHEN value >= 0 THEN value ELSE -(value + 1) END, '{
+            16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
+            262144, 524288, 1048576, 2097152, 4194304, 8388608, 16777216, 33554432, 67108864,
+            134217728, 268435456, 536870912, 1073741824, 2147483648, 4294967296, 8589934592,
+            17179869184, 34359738368, 68719476736, 137438953472, 274877906944, 549755813888,
+            1099511627776, 2199023255552, 4398046511104, 8796093022208, 17592186044416,
+            35184372088832, 70368744177664, 140737488355328, 281474976710656, 562949953421312,
+            1125899906842624, 2251799813685248, 4503599627370496, 9007199254740992,
+            18014398509481984, 36028797018963968, 72057594037927936, 144115188075855872,
+            288230376151711744, 576460752303423488, 1152921504606846976, 2305843009213693952,
+            4611686018427387904
+        }'::bigint[])
+    )::smallint) STORED
+) WITH (fillfactor = 70, parallel_workers = 0);
+-- (no parallel plans: the planner would start workers for a large counter's top-N
+-- scan, about 13 ms of start-up against 0.13 ms for the plain index scan)
 
--- Top-N by value of one counter.
-CREATE INDEX counters_top ON pgcounters.counters (target_id, value DESC);
+-- Top-N of one counter: ORDER BY band DESC, value DESC, key is the order by value;
+-- this index gives the bands from the top, an incremental sort orders each band.
+CREATE INDEX counters_rank ON pgcounters.counters (target_id, band DESC);
 
 -- The insert-only queue of deltas: user transactions only INSERT here, they
 -- never lock a shared counter row. The key is the text of its array ('{42}').
@@ -469,17 +493,66 @@ $$;
 
 -- Add p_delta to a counter. Queued and unlogged counters get a row in their
 -- queue and return NULL; direct counters are updated (named ones through
--- add_direct) and return the new stored value.
+-- add_direct) and return the new stored value. A key already in canonical form
+-- for a queued or unlogged counter is queued after one lookup; every other call
+-- canonicalises (or refuses) the key first. A sum of decimals is refused: add to
+-- it with incr_decimal.
 CREATE FUNCTION pgcounters.incr(
     p_name text, p_key text[] DEFAULT '{}', p_delta bigint DEFAULT 1
 )
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    t pgcounters.targets := pgcounters._target(p_name);
-    v_key text[] := pgcounters._canonical_key(t, p_key);
+    t pgcounters.targets;
+    v_id integer;
+    v_mode text;
+    v_types text[];
+    v_scale integer;
+    v_parts integer := cardinality(p_key);
+    v_key text[];
     v_value bigint;
 BEGIN
+    SELECT c.id, c.mode, c.key_types, c.scale INTO v_id, v_mode, v_types, v_scale
+      FROM pgcounters.targets AS c WHERE c.name = p_name;
+    -- the fast path: a queued or unlogged counter whose key reads as the canonical function
+    -- would write it (a bigint in decimal without leading zeros and at most 18
+    -- digits, a lower-case hyphenated uuid, a text of at most 1000 characters)
+    IF v_mode IN ('queued', 'unlogged') AND p_delta IS NOT NULL AND v_scale IS NULL
+       AND cardinality(v_types) = v_parts
+       AND (v_parts = 0 OR (v_parts <= 3 AND array_ndims(p_key) = 1 AND array_lower(p_key, 1) = 1
+            AND CASE v_types[1]
+                   WHEN 'bigint' THEN p_key[1] ~ '^(0|-?[1-9][0-9]{0,17})$'
+                   WHEN 'uuid' THEN p_key[1]
+                       ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                   WHEN 'text' THEN length(p_key[1]) <= 1000
+                   ELSE false END
+            AND (v_parts < 2 OR CASE v_types[2]
+                   WHEN 'bigint' THEN p_key[2] ~ '^(0|-?[1-9][0-9]{0,17})$'
+                   WHEN 'uuid' THEN p_key[2]
+                       ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                   WHEN 'text' THEN length(p_key[2]) <= 1000
+                   ELSE false END)
+            AND (v_parts < 3 OR CASE v_types[3]
+                   WHEN 'bigint' THEN p_key[3] ~ '^(0|-?[1-9][0-9]{0,17})$'
+                   WHEN 'uuid' THEN p_key[3]
+                       ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                   WHEN 'text' THEN length(p_key[3]) <= 1000
+                   ELSE false END))) THEN
+        IF v_mode = 'queued' THEN
+            INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (v_id, p_key, p_delta);
+        ELSE
+            INSERT INTO pgcounters.queue_unlogged (target_id, key, delta)
+            VALUES (v_id, p_key, p_delta);
+        END IF;
+        RETURN NULL;
+    END IF;
+    -- every other call, as in version 13
+    t := pgcounters._target(p_name);
+    v_key := pgcounters._canonical_key(t, p_key);
+    IF t.scale IS NOT NULL THEN  -- decimal
+        RAISE EXCEPTION 'counter % sums decimals: add to it with pgcounters.incr_decimal', t.name
+            USING ERRCODE = 'PC002';
+    END IF;
     IF t.mode = 'queued' THEN
         INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (t.id, v_key, p_delta);
         RETURN NULL;
@@ -591,16 +664,158 @@ $$;
 -- Exact value of one counter: stored + pending, from one snapshot. Refused while
 -- the counter is backfilled. On a hot standby (which cannot plan a statement that
 -- names an unlogged table, whose rows it does not have) it sums the logged queue
--- only, and refuses the exact read of an unlogged counter (PCR01).
+-- only, and refuses the exact read of an unlogged counter (PCR01). A sum of
+-- decimals is read with get_decimal.
 CREATE FUNCTION pgcounters.get(p_name text, p_key text[] DEFAULT '{}') RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     t pgcounters.targets := pgcounters._target(p_name);
+BEGIN
+    IF t.scale IS NOT NULL THEN
+        RAISE EXCEPTION 'counter % sums decimals: read it with pgcounters.get_decimal', t.name
+            USING ERRCODE = 'PC002';
+    END IF;
+    RETURN pgcounters._exact_units(t, p_key)::bigint;
+END;
+$$;
+
+
+-- =============================================================================
+-- Sums of decimals
+-- =============================================================================
+
+-- A sum of a numeric(p, s) column is kept exactly as a whole number of 10^-s
+-- units (pgcounters.targets.scale = s): the triggers enqueue scaled sums, the
+-- queues and the drain stay bigint, and reads scale the units back.
+
+-- A sum of decimals as a whole number of 10^-p_scale units. A value with more
+-- decimal places, or one the bigint range cannot hold, is refused (PC021):
+-- rounding it would make the counter drift.
+CREATE FUNCTION pgcounters.scaled(p_value numeric, p_scale integer, p_name text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    v_units numeric := p_value * (10::numeric ^ p_scale);
+BEGIN
+    IF v_units <> trunc(v_units) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PC021',
+            MESSAGE = format('counter %s sums values with %s decimal places: %s has more',
+                             p_name, p_scale, p_value),
+            HINT = 'give the summed column the scale of the counter, or round the values';
+    END IF;
+    IF v_units NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PC021',
+            MESSAGE = format('counter %s: a change of %s leaves the range of its values '
+                             '(%s decimal places, 18 digits in all)', p_name, p_value, p_scale);
+    END IF;
+    RETURN v_units::bigint;
+END;
+$$;
+
+-- A number of 10^-p_scale units as a decimal with p_scale decimal places
+-- (exact: a product, never a division). Inlined by the planner.
+CREATE FUNCTION pgcounters.unscaled(p_units numeric, p_scale integer) RETURNS numeric
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT round(p_units * (10::numeric ^ (-p_scale)), p_scale)
+$$;
+
+-- In a probe (planned, never run): true when column p_column of p_table is
+-- numeric with p_scale decimal places, else an error. Declared IMMUTABLE so
+-- that the planner evaluates it, with its constant arguments, while it plans
+-- the probe: a later change of the column's scale (numeric(10,2) to
+-- numeric(10,3), or to another type) then stops the probe from planning, and
+-- the schema-change guard refuses it.
+CREATE FUNCTION pgcounters.decimal_scale_is(p_table regclass, p_column name, p_scale integer)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_type oid;
+    v_typmod integer;
+BEGIN
+    SELECT a.atttypid, a.atttypmod INTO v_type, v_typmod
+      FROM pg_catalog.pg_attribute AS a
+     WHERE a.attrelid = p_table AND a.attname = p_column AND NOT a.attisdropped;
+    IF v_type IS DISTINCT FROM 'numeric'::regtype OR v_typmod < 4
+       OR ((v_typmod - 4) & 65535) <> p_scale THEN
+        RAISE EXCEPTION USING ERRCODE = 'PC020',
+            MESSAGE = format('column %s of %s is %s, not numeric with %s decimal places',
+                             p_column, p_table,
+                             coalesce(pg_catalog.format_type(v_type, v_typmod), 'gone'), p_scale);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+-- ensure_target (version 2) for a decimal counter: the target records its
+-- scale when it is created; a counter column must be numeric with that scale
+-- (create_column_counter takes integer columns only). A counter that exists
+-- with another scale (or as an integer counter) is another definition (PC001):
+-- its values and pending deltas are in other units.
+CREATE FUNCTION pgcounters.ensure_decimal_target(
+    p_scale integer,
+    p_name text,
+    p_key_types text[],
+    p_mode text,
+    p_schema text DEFAULT NULL,
+    p_table text DEFAULT NULL,
+    p_column text DEFAULT NULL,
+    p_key_column text DEFAULT NULL
+) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_existed boolean;
+    v_id integer;
+    v_scale integer;
+    v_relation regclass;
+    v_type text;
+BEGIN
+    SELECT true, t.scale INTO v_existed, v_scale FROM pgcounters.targets AS t WHERE t.name = p_name;
+    IF v_existed IS NULL AND p_table IS NOT NULL THEN
+        v_relation := format('%I.%I', p_schema, p_table)::regclass;
+        SELECT format_type(a.atttypid, a.atttypmod) INTO v_type
+          FROM pg_catalog.pg_attribute AS a
+         WHERE a.attrelid = v_relation AND a.attname = p_column AND a.attnum > 0
+           AND NOT a.attisdropped;
+        IF coalesce(v_type, '') <> 'numeric'
+           AND coalesce(v_type, '') NOT LIKE 'numeric(%,' || p_scale || ')' THEN
+            RAISE EXCEPTION USING ERRCODE = 'PC002',
+                MESSAGE = format('counter column %s.%s is %s: the sum of %s has %s decimal '
+                                 'places, its column must be numeric(p, %s)', v_relation,
+                                 p_column, coalesce(v_type, 'missing'), p_name, p_scale, p_scale);
+        END IF;
+        INSERT INTO pgcounters.targets (name, key_types, mode, target_schema, target_table,
+                                        target_column, target_key_column, scale)
+        VALUES (p_name, p_key_types, p_mode, p_schema, p_table, p_column, p_key_column, p_scale)
+        ON CONFLICT (name) DO NOTHING;
+        SELECT true, t.scale INTO v_existed, v_scale
+          FROM pgcounters.targets AS t WHERE t.name = p_name;
+    END IF;
+    v_id := pgcounters.ensure_target(p_name, p_key_types, p_mode, p_schema, p_table, p_column,
+                                     p_key_column);
+    IF v_existed IS NULL THEN
+        UPDATE pgcounters.targets SET scale = p_scale WHERE id = v_id;
+    ELSIF v_scale IS DISTINCT FROM p_scale THEN
+        RAISE EXCEPTION USING ERRCODE = 'PC001',
+            MESSAGE = format('counter %s exists with %s: it is declared now with %s decimal '
+                             'places', p_name,
+                             CASE WHEN v_scale IS NULL THEN 'integer values'
+                                  ELSE format('%s decimal places', v_scale) END, p_scale),
+            HINT = 'drop the counter (pgcounters drop) and install it again, or give it '
+                   'another name';
+    END IF;
+    RETURN v_id;
+END;
+$$;
+
+-- The exact value of one key in units (stored + pending, from one snapshot):
+-- get's body, with a decimal counter column read in units.
+CREATE FUNCTION pgcounters._exact_units(t pgcounters.targets, p_key text[]) RETURNS numeric
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
     v_key text[] := pgcounters._canonical_key(t, p_key);
     v_text text := v_key::text;
     v_standby boolean := pg_is_in_recovery();
-    v_stored bigint;
-    v_pending bigint;
+    v_stored numeric;
+    v_pending numeric;
 BEGIN
     IF v_standby AND t.mode = 'unlogged' THEN
         RAISE EXCEPTION 'counter % is unlogged: its pending deltas exist only on the primary, '
@@ -611,9 +826,9 @@ BEGIN
     IF t.target_table IS NULL THEN
         SELECT value INTO v_stored FROM pgcounters.counters WHERE target_id = t.id AND key = v_key;
     ELSE
-        EXECUTE format('SELECT x.%I FROM %I.%I AS x WHERE x.%I = $1::%s',
-            t.target_column, t.target_schema, t.target_table,
-            t.target_key_column, t.key_types[1]::regtype)
+        EXECUTE format('SELECT x.%I * %s FROM %I.%I AS x WHERE x.%I = $1::%s',
+            t.target_column, 10::numeric ^ coalesce(t.scale, 0),
+            t.target_schema, t.target_table, t.target_key_column, t.key_types[1]::regtype)
         INTO v_stored USING v_key[1];
     END IF;
     v_pending := coalesce((SELECT sum(delta) FROM pgcounters.queue
@@ -623,6 +838,52 @@ BEGIN
                                             WHERE target_id = t.id AND key = v_text), 0);
     END IF;
     RETURN coalesce(v_stored, 0) + v_pending;
+END;
+$$;
+
+-- The exact value of any counter as a decimal (an integer counter's too).
+CREATE FUNCTION pgcounters.get_decimal(p_name text, p_key text[] DEFAULT '{}') RETURNS numeric
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t pgcounters.targets := pgcounters._target(p_name);
+BEGIN
+    RETURN pgcounters.unscaled(pgcounters._exact_units(t, p_key), coalesce(t.scale, 0));
+END;
+$$;
+
+-- Add a decimal to a counter; for an integer counter the delta must be whole.
+-- Returns the new value of a direct counter (NULL for a queued one), as incr.
+CREATE FUNCTION pgcounters.incr_decimal(
+    p_name text, p_key text[] DEFAULT '{}', p_delta numeric DEFAULT 1
+)
+RETURNS numeric
+LANGUAGE plpgsql AS $$
+DECLARE
+    t pgcounters.targets := pgcounters._target(p_name);
+    v_key text[] := pgcounters._canonical_key(t, p_key);
+    v_units bigint := pgcounters.scaled(p_delta, coalesce(t.scale, 0), p_name);
+    v_value numeric;
+BEGIN
+    IF t.scale IS NULL THEN
+        RETURN pgcounters.incr(p_name, p_key, v_units);
+    ELSIF t.mode = 'queued' THEN
+        INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (t.id, v_key, v_units);
+        RETURN NULL;
+    ELSIF t.mode = 'unlogged' THEN
+        INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (t.id, v_key, v_units);
+        RETURN NULL;
+    ELSIF t.target_table IS NULL THEN
+        RETURN pgcounters.unscaled(
+            pgcounters.add_direct(ARRAY[t.id], ARRAY[v_key::text], ARRAY[v_units]), t.scale);
+    END IF;
+    PERFORM pg_catalog.set_config('pgcounters.applying', 'on', true);
+    EXECUTE format(
+        'UPDATE %I.%I AS x SET %I = coalesce(x.%I, 0) + $1 WHERE x.%I = $2::%s RETURNING x.%I',
+        t.target_schema, t.target_table, t.target_column, t.target_column,
+        t.target_key_column, t.key_types[1]::regtype, t.target_column)
+    INTO v_value USING pgcounters.unscaled(v_units, t.scale), v_key[1];
+    PERFORM pg_catalog.set_config('pgcounters.applying', '', true);
+    RETURN v_value;
 END;
 $$;
 
@@ -948,10 +1209,14 @@ BEGIN
 END;
 $$;
 
--- Apply the column part of a batch: for each parent table (in name order) lock
--- its rows without waiting, apply the deltas of the rows locked, put the
--- deltas of busy rows back into the queue (one row per key, with the oldest
--- delta's time), discard the deltas of rows that no longer exist.
+-- Apply the column part of a batch. For each counter (parent tables in name
+-- order, drainers taking turns on a table), one statement locks the parent rows
+-- of its keys without waiting (in key order), adds the summed deltas to the rows
+-- it locked, and puts the deltas of rows that another transaction holds back into
+-- the queue (one delta per key, as old as its oldest); the deltas of rows that no
+-- longer exist are discarded. A data error (a sum out of range, a key that does
+-- not cast) aborts the statement: the batch then takes the careful path of
+-- drain_queue (_lock_parents, _apply_column).
 CREATE FUNCTION pgcounters._drain_columns(
     p_columns pgcounters.batch_delta[], p_unlogged boolean,
     OUT keys bigint, OUT busy bigint, OUT first_requeued bigint
@@ -959,63 +1224,70 @@ CREATE FUNCTION pgcounters._drain_columns(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_queue text := CASE WHEN p_unlogged THEN 'queue_unlogged' ELSE 'queue' END;
-    c record;
     t pgcounters.targets;
-    v_locked text[];
-    v_busy text[];
-    v_n bigint;
-    v_id bigint;
+    v_table text;
+    v_applied bigint;
+    v_busy bigint;
+    v_first bigint;
 BEGIN
     keys := 0;
     busy := 0;
-    FOR c IN
-        SELECT g.target_schema AS s, g.target_table AS r, g.target_key_column AS k,
-               g.key_types[1] AS key_type, array_agg(DISTINCT d.key) AS ks
-          FROM unnest(p_columns) AS d
-          JOIN pgcounters.targets AS g ON g.id = d.target_id
-         GROUP BY 1, 2, 3, 4
-         ORDER BY 1, 2, 3, 4
+    FOR t IN
+        SELECT g.* FROM pgcounters.targets AS g
+         WHERE g.id IN (SELECT d.target_id FROM unnest(p_columns) AS d)
+         ORDER BY g.target_schema, g.target_table, g.id
     LOOP
-        -- drainers take turns on a table (tables in name order, so they cannot wait for
-        -- each other in a cycle): without this, a second drainer finds every row the
-        -- first one holds busy and puts its deltas back. A drainer holding this lock
-        -- waits for nothing (SKIP LOCKED below), so the wait is always short.
-        PERFORM pg_advisory_xact_lock(hashtext('pgcounters.parents'),
-                                      hashtext(format('%I.%I', c.s, c.r)));
-        SELECT l.locked, l.busy INTO v_locked, v_busy
-          FROM pgcounters._lock_parents(c.s, c.r, c.k, c.key_type, c.ks) AS l;
-        FOR t IN
-            SELECT g.* FROM pgcounters.targets AS g
-             WHERE g.target_schema = c.s AND g.target_table = c.r AND g.target_key_column = c.k
-               AND g.key_types[1] = c.key_type
-               AND g.id IN (SELECT d.target_id FROM unnest(p_columns) AS d)
-             ORDER BY g.id
-        LOOP
-            IF cardinality(v_locked) > 0 THEN
-                keys := keys + pgcounters._apply_column(t,
-                    ARRAY(SELECT d.key FROM unnest(p_columns) AS d WHERE d.target_id = t.id),
-                    ARRAY(SELECT d.delta FROM unnest(p_columns) AS d WHERE d.target_id = t.id),
-                    v_locked);
-            END IF;
-            IF cardinality(v_busy) > 0 THEN
-                -- back into the queue: one delta per key, as old as its oldest
-                EXECUTE format(
-                    'WITH src AS (
-                        SELECT d.* FROM unnest($1::pgcounters.batch_delta[]) AS d
-                         WHERE d.target_id = $2 AND d.key::%s = ANY ($3::%s[])
-                     ), back AS (
-                        INSERT INTO pgcounters.%I (target_id, key, delta, created_at)
-                        SELECT s.target_id, ARRAY[s.key]::text, s.delta::bigint, s.created_at
-                          FROM src AS s ORDER BY s.key
-                        RETURNING id)
-                     SELECT (SELECT coalesce(sum(n), 0) FROM src)::bigint,
-                            (SELECT min(id) FROM back)',
-                    t.key_types[1]::regtype, t.key_types[1]::regtype, v_queue)
-                INTO v_n, v_id USING p_columns, t.id, v_busy;
-                busy := busy + v_n;
-                first_requeued := least(first_requeued, v_id);
-            END IF;
-        END LOOP;
+        IF v_table IS DISTINCT FROM format('%I.%I', t.target_schema, t.target_table) THEN
+            v_table := format('%I.%I', t.target_schema, t.target_table);
+            -- drainers take turns on a table (tables in name order, so they cannot wait
+            -- for each other in a cycle): without this, a second drainer finds every row
+            -- the first one holds busy and puts its deltas back. A drainer holding this
+            -- lock waits for nothing (SKIP LOCKED below), so the wait is always short.
+            PERFORM pg_advisory_xact_lock(hashtext('pgcounters.parents'), hashtext(v_table));
+        END IF;
+        PERFORM pg_catalog.set_config('pgcounters.applying', 'on', true);
+        EXECUTE format($q$
+            WITH d AS MATERIALIZED (
+                SELECT b.key::%1$s AS key, min(b.key) AS text_key, sum(b.delta) AS delta,
+                       sum(b.n) AS n, min(b.created_at) AS created_at
+                  FROM unnest($1::pgcounters.batch_delta[]) AS b
+                 WHERE b.target_id = $2
+                 GROUP BY 1
+            ), locked AS MATERIALIZED (
+                SELECT x.%2$I AS key FROM %3$s AS x
+                 WHERE x.%2$I = ANY (ARRAY(SELECT d.key FROM d))
+                 ORDER BY x.%2$I
+                   FOR NO KEY UPDATE OF x SKIP LOCKED
+            ), applied AS (
+                UPDATE %3$s AS x SET %4$I = coalesce(x.%4$I, 0) + %6$s
+                  FROM d JOIN locked AS l ON l.key = d.key
+                 WHERE x.%2$I = d.key
+                RETURNING 1
+            ), held AS MATERIALIZED (
+                SELECT d.* FROM d
+                 WHERE NOT EXISTS (SELECT 1 FROM locked AS l WHERE l.key = d.key)
+                   AND EXISTS (SELECT 1 FROM %3$s AS x WHERE x.%2$I = d.key)
+            ), back AS (
+                INSERT INTO pgcounters.%5$I (target_id, key, delta, created_at)
+                SELECT $2, ARRAY[h.text_key]::text, h.delta::bigint, h.created_at
+                  FROM held AS h
+                 ORDER BY h.key
+                RETURNING id
+            )
+            SELECT (SELECT count(*) FROM applied),
+                   (SELECT coalesce(sum(h.n), 0) FROM held AS h)::bigint,
+                   (SELECT min(b.id) FROM back AS b)
+            $q$,
+            t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column, v_queue,
+            -- a sum of decimals: the deltas are units of 10^-scale (version 13)
+            CASE WHEN t.scale IS NULL THEN 'd.delta::bigint'
+                 ELSE format('pgcounters.unscaled(d.delta, %s)', t.scale) END)
+        INTO v_applied, v_busy, v_first
+        USING p_columns, t.id;
+        PERFORM pg_catalog.set_config('pgcounters.applying', '', true);
+        keys := keys + v_applied;
+        busy := busy + v_busy;
+        first_requeued := least(first_requeued, v_first);
     END LOOP;
 END;
 $$;
@@ -1065,14 +1337,17 @@ DECLARE
 BEGIN
     PERFORM pg_catalog.set_config('pgcounters.applying', 'on', true);
     EXECUTE format(
-        'UPDATE %I.%I AS x SET %I = coalesce(x.%I, 0) + d.delta
+        'UPDATE %I.%I AS x SET %I = coalesce(x.%I, 0) + %s
            FROM (SELECT u.key, sum(u.delta)::bigint AS delta
                    FROM unnest($1::%s[], $2::numeric[]) AS u(key, delta)
                   WHERE u.key = ANY ($3::%s[])
                   GROUP BY u.key) AS d
           WHERE x.%I = d.key',
         p_target.target_schema, p_target.target_table, p_target.target_column,
-        p_target.target_column, p_target.key_types[1]::regtype,
+        p_target.target_column,
+        CASE WHEN p_target.scale IS NULL THEN 'd.delta'  -- scale
+             ELSE format('pgcounters.unscaled(d.delta, %s)', p_target.scale) END,
+        p_target.key_types[1]::regtype,
         p_target.key_types[1]::regtype, p_target.target_key_column)
     USING p_keys, p_deltas, p_locked;
     GET DIAGNOSTICS v_rows = ROW_COUNT;
@@ -1438,7 +1713,10 @@ CREATE TABLE pgcounters.backfills (
     cursor_key text[],
     keys_done bigint NOT NULL DEFAULT 0,
     requested_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    -- the counter's stale mark as the first batch started: cleared at the end if unchanged
+    stale_since timestamptz,
+    stale_statements bigint
 );
 
 -- Exact reads through the client (get, get_many) of a counter being backfilled:
@@ -2557,7 +2835,7 @@ $$;
 
 -- Let p_role use counters and quotas as an application: the base rights, and
 -- reading the quarantine, retries and dropped counters. Returns the statements run.
-CREATE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
+CREATE FUNCTION pgcounters._grant_app_without_decimals(p_role text) RETURNS text[]
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN pgcounters._grant_app_base(p_role) || pgcounters._for_role(p_role, ARRAY[
@@ -2633,7 +2911,7 @@ $$;
 
 -- Let p_role work as the worker: the rights below, clearing a counter's stale
 -- mark when it recounts it, and running backfills. Returns the statements run.
-CREATE FUNCTION pgcounters.grant_worker(p_role text) RETURNS text[]
+CREATE FUNCTION pgcounters._grant_worker_without_decimals(p_role text) RETURNS text[]
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN pgcounters._grant_worker_v8(p_role) || pgcounters._for_role(p_role, ARRAY[
@@ -2761,6 +3039,30 @@ BEGIN
     END LOOP;
     RETURN v_done;
 END;
+$$;
+
+
+-- The grants of version 12 and those of the sums of decimals.
+CREATE FUNCTION pgcounters._grant_decimals(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._for_role(p_role, ARRAY[
+        'GRANT EXECUTE ON FUNCTION pgcounters.scaled(numeric, integer, text),'
+            ' pgcounters.unscaled(numeric, integer),'
+            ' pgcounters.decimal_scale_is(regclass, name, integer),'
+            ' pgcounters.ensure_decimal_target(integer, text, text[], text, text, text, text, text),'
+            ' pgcounters._exact_units(pgcounters.targets, text[]),'
+            ' pgcounters.get_decimal(text, text[]),'
+            ' pgcounters.incr_decimal(text, text[], numeric) TO %I'])
+$$;
+
+CREATE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._grant_app_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
+$$;
+
+CREATE FUNCTION pgcounters.grant_worker(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._grant_worker_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
 $$;
 
 
