@@ -163,6 +163,33 @@ def test_the_admin_shows_the_decimal(admin_client: Client, worker: Conn) -> None
     assert "4.00" in html
 
 
+def test_the_admin_values_page_shows_a_named_sum_of_decimals_as_decimals(
+    admin_client: Client, worker: Conn
+) -> None:
+    invoice = Invoice.objects.create(label="per day")
+    day = dt.date(2026, 11, 23)
+    Line.objects.bulk_create(
+        [Line(invoice=invoice, amount=Decimal("0.4"), quantity=1, day=day) for _ in range(10)]
+    )
+    Counters(worker).drain()
+    Line.objects.create(invoice=invoice, amount=Decimal("0.25"), quantity=1, day=day)  # pending
+    target = worker.execute(
+        "SELECT id FROM pgcounters.targets WHERE name = %s", (amount_per_day.name,)
+    ).fetchone()
+    assert target is not None
+    response = admin_client.get(f"/admin/pgcounters/countervalue/?counter__id__exact={target[0]}")
+    rows = list(response.context["cl"].result_list)
+    assert [",".join(r.key) for r in rows] == ["2026-11-23"]
+    admin = response.context["cl"].model_admin
+    # stored 4.00, pending 0.25, exact 4.25: decimals, never the units (400, 25, 425)
+    assert admin.stored(rows[0]) == Decimal("4.00")
+    assert admin.pending(rows[0]) == Decimal("0.25")
+    assert admin.exact(rows[0]) == Decimal("4.25")
+    html = response.content.decode()
+    assert "4.25" in html
+    assert ">425<" not in html
+
+
 def test_sums_of_decimals_need_their_decimal_places() -> None:
     with pytest.raises(InvalidCounterDefinition, match="decimal_places=2, max_digits=N"):
         _summed_column(Line, "amount")

@@ -9,6 +9,7 @@ status`` prints) and is listed on the admin index as "Queue status".
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
@@ -34,6 +35,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from pgcounters import status
+from pgcounters.client import value_of
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.models import (
     Counter,
@@ -151,7 +153,7 @@ class CounterValueAdmin(ReadOnly, _ValueAdmin):
 
     actions = None
 
-    list_display = ("counter", "key_text", "value", "pending", "exact")
+    list_display = ("counter", "key_text", "stored", "pending", "exact")
     list_display_links = None
     list_filter = (("counter", admin.RelatedOnlyFieldListFilter), "counter__mode")
     search_fields = ("counter__name", "key")
@@ -170,13 +172,23 @@ class CounterValueAdmin(ReadOnly, _ValueAdmin):
     def key_text(self, obj: CounterValue) -> str:
         return ", ".join(obj.key) or "(global)"
 
+    @admin.display(description="value", ordering="value")
+    def stored(self, obj: CounterValue) -> int | Decimal:
+        return _shown(obj, obj.value)
+
     @admin.display(description="pending", ordering="pending")
-    def pending(self, obj: CounterValue) -> int:
-        return _annotation(obj, "pending")
+    def pending(self, obj: CounterValue) -> int | Decimal:
+        return _shown(obj, _annotation(obj, "pending"))
 
     @admin.display(description="exact", ordering="exact")
-    def exact(self, obj: CounterValue) -> int:
-        return _annotation(obj, "exact")
+    def exact(self, obj: CounterValue) -> int | Decimal:
+        return _shown(obj, _annotation(obj, "exact"))
+
+
+def _shown(obj: CounterValue, units: int) -> int | Decimal:
+    """A value as its counter reads it: a sum of decimals in units of 10^-scale as a Decimal."""
+    scale = obj.counter.scale
+    return units if scale is None else value_of(scale, units)
 
 
 @admin.register(QueueStatus)

@@ -24,6 +24,8 @@ class Counter(models.Model):
     target_column = models.TextField(null=True)
     target_key_column = models.TextField(null=True)
     created_at = models.DateTimeField()
+    # a sum of decimals: its values are kept in units of 10^-scale (None: integers)
+    scale = models.IntegerField(null=True)
 
     class Meta:
         managed = False
