@@ -1,6 +1,6 @@
 """pgcounters: exact, fast, deadlock-free counters for PostgreSQL."""
 
-from pgcounters.client import Counter, Counters, DrainResult, Mode
+from pgcounters.client import AsyncCounters, Counter, Counters, DrainResult, Mode
 from pgcounters.errors import (
     BatchAborted,
     BufferClosed,
@@ -43,6 +43,7 @@ from pgcounters.schema import install, upgrade
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncCounters",
     "BatchAborted",
     "BufferClosed",
     "BufferFlushFailed",
@@ -99,9 +100,10 @@ from pgcounters.errors import (
     QuotaError,
     UnknownQuota,
 )
-from pgcounters.quotas import CallResult, Quota, QuotaLimit, Quotas
+from pgcounters.quotas import AsyncQuotas, CallResult, Quota, QuotaLimit, Quotas
 
 __all__ += [
+    "AsyncQuotas",
     "CallResult",
     "InvalidCost",
     "InvalidQuotaArgument",
