@@ -54,6 +54,12 @@ def _replica_read(dsn: str, repeat: int, quick: bool) -> Scenario:
     return replica_read(dsn, repeat, quick)
 
 
+def _async_api(dsn: str, repeat: int, quick: bool) -> Scenario:
+    from pgcounters.bench.asyncapi import async_api
+
+    return async_api(dsn, repeat, quick)
+
+
 SCENARIOS: dict[str, Runner] = {
     "hot-counters": hot.hot_counters,
     "hot-counters-txn": hot.hot_counters_txn,
@@ -70,6 +76,7 @@ SCENARIOS: dict[str, Runner] = {
     "replica-read": _replica_read,
     "redis-cluster": _redis_cluster,
     "sharded": _sharded,
+    "async": _async_api,
 }
 
 ON_REQUEST = frozenset({"sharded"})
