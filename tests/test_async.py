@@ -398,3 +398,28 @@ def test_sync_counters_on_a_connection_pool_from_many_threads(dsn: str, conn: Co
         ]
         assert pc.drain().deltas == threads * per_thread
     assert sum(truth.values()) == threads * per_thread
+
+
+def test_asynchronous_commit_on_a_pool_follows_its_connections_autocommit(
+    dsn: str, conn: Conn
+) -> None:
+    Quotas(conn).define_quota("api", 10)
+    with ConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+        assert Quotas(pool, synchronous_commit=False).commits_asynchronously()
+        assert not Quotas(pool).commits_asynchronously()
+        assert Quotas(pool, synchronous_commit=False).register_call("api", "ann").allowed
+    with ConnectionPool(dsn, min_size=1, max_size=2) as pool:
+        assert not Quotas(pool, synchronous_commit=False).commits_asynchronously()
+        # each call is committed by the pool's connection block all the same
+        assert Quotas(pool, synchronous_commit=False).register_call("api", "ann").used == 2
+    assert Quotas(conn).status("api", "ann").used == 2
+
+    async def main() -> None:
+        pool = AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False)
+        await pool.open()
+        async with pool:
+            quotas = AsyncQuotas(pool, synchronous_commit=False)
+            assert quotas.commits_asynchronously()
+            assert (await quotas.register_call("api", "ann")).used == 3
+
+    asyncio.run(main())
