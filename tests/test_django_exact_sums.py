@@ -11,6 +11,7 @@ from decimal import Decimal
 
 import psycopg
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.db import connection
 from django.db.models import Sum
@@ -84,6 +85,7 @@ def test_ten_lines_of_0_4_sum_to_4(worker: Conn) -> None:
     invoice.refresh_from_db()
     assert invoice.total_direct == Decimal("4.00")  # direct: in the writing statement
     assert amount_per_day.get_decimal(dt.date(2026, 11, 21)) == Decimal("4.00")
+    assert async_to_sync(amount_per_day.aget_decimal)(dt.date(2026, 11, 21)) == Decimal("4.00")
     Counters(worker).drain()
     invoice.refresh_from_db()
     assert (invoice.total, invoice.total_unlogged) == (Decimal("4.00"), Decimal("4.00"))

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import pgcounters
+import pgcounters.contrib.asgi as pgcounters_asgi
 import pgcounters.contrib.django as pgcounters_django
 from pgcounters.errors import PgCountersError
 
@@ -27,7 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src" / "pgcounters"
 GUIDES = sorted([ROOT / "README.md", ROOT / "examples" / "blog" / "README.md",
                  *(ROOT / "docs").glob("*.md")])  # fmt: skip
-PUBLIC = {"pgcounters": pgcounters, "pgcounters.contrib.django": pgcounters_django}
+PUBLIC = {
+    "pgcounters": pgcounters,
+    "pgcounters.contrib.django": pgcounters_django,
+    "pgcounters.contrib.asgi": pgcounters_asgi,
+}
 
 
 def _is_demo(module: str) -> bool:
@@ -180,5 +185,6 @@ def test_importing_pgcounters_loads_no_optional_part() -> None:
     for absent in ("redis", "django", "tqdm", "matplotlib", "pgcounters.worker",
                    "pgcounters.redis_buffer", "pgcounters.batching", "pgcounters.embedded",
                    "pgcounters.cli", "pgcounters.demo", "pgcounters.demo_blog",
-                   "pgcounters.workloads", "pgcounters.bench"):  # fmt: skip
+                   "pgcounters.workloads", "pgcounters.bench", "pgcounters.async_worker",
+                   "pgcounters.contrib.asgi"):  # fmt: skip
         assert absent not in loaded, absent

@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from pgcounters import security, triggers
-from pgcounters.client import Counter, Counters, DrainResult, Mode
+from pgcounters.client import AsyncCounters, Counter, Counters, DrainResult, Mode
 from pgcounters.errors import (
     BatchAborted,
     BufferClosed,
@@ -65,13 +65,14 @@ from pgcounters.errors import (
     WorkerError,
 )
 from pgcounters.estimates import estimate_query, estimate_table
-from pgcounters.quotas import CallResult, Quota, QuotaLimit, Quotas
+from pgcounters.quotas import AsyncQuotas, CallResult, Quota, QuotaLimit, Quotas
 from pgcounters.recount import RecountResult, VerifyResult, recount, verify
 from pgcounters.schema import install, upgrade
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 
 if TYPE_CHECKING:
     from pgcounters import status
+    from pgcounters.async_worker import AsyncWorker
     from pgcounters.batching import BatchingCounters
     from pgcounters.config import connect, dsn_from_env
     from pgcounters.embedded import EmbeddedPostgres
@@ -96,6 +97,9 @@ __all__ = [  # noqa: RUF022
     "Counters",
     "DrainResult",
     "Mode",
+    # -- the same clients in an event loop (psycopg's AsyncConnection, AsyncConnectionPool)
+    "AsyncCounters",
+    "AsyncQuotas",
     # -- counters declared over tables, kept by triggers (install, drift, pause, uninstall
     #    are functions of the `triggers` namespace), checked and repaired by recount
     "ColumnTarget",
@@ -115,6 +119,7 @@ __all__ = [  # noqa: RUF022
     "BatchingCounters",
     "RedisBuffer",
     # -- the worker that drains the queues
+    "AsyncWorker",
     "Worker",
     "WorkerSettings",
     # -- quotas and rate limits
@@ -190,6 +195,7 @@ __all__ = [  # noqa: RUF022
 # The names loaded on first use (they need an optional dependency, or start threads and
 # servers), and the module each comes from.
 _LAZY = {
+    "AsyncWorker": "pgcounters.async_worker",
     "BatchingCounters": "pgcounters.batching",
     "EmbeddedPostgres": "pgcounters.embedded",
     "RedisBuffer": "pgcounters.redis_buffer",

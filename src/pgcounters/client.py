@@ -1,8 +1,10 @@
 """The Python client: declare, increment, read, rank and drain counters.
 
-A :class:`Counters` wraps one psycopg 3 connection and works inside whatever
-transaction that connection is in: an increment made in a transaction that
-rolls back leaves nothing behind.
+A :class:`Counters` wraps one psycopg 3 connection (or a pool) and works inside
+whatever transaction that connection is in: an increment made in a transaction
+that rolls back leaves nothing behind. :class:`AsyncCounters` is the same client
+on an ``AsyncConnection`` (or an ``AsyncConnectionPool``): both run the one
+implementation of each operation (see :mod:`pgcounters.plans`).
 """
 
 from __future__ import annotations
@@ -14,20 +16,20 @@ import math
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, Literal, TypeAlias, cast, get_args
+from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pgcounters import schema
+from pgcounters import plans, schema
 from pgcounters.connection import Conn
-from pgcounters.dberrors import translated
+from pgcounters.dberrors import translate
 from pgcounters.errors import (
+    ConfigurationError,
     DrainError,
     InvalidArgument,
     InvalidCounterDefinition,
@@ -46,7 +48,20 @@ from pgcounters.keys import (
     encode_key,
     normalize_key_types,
 )
+from pgcounters.plans import (
+    AsyncConn,
+    Connection,
+    ConnState,
+    Execute,
+    Plan,
+    Row,
+    Sleep,
+    Transaction,
+    fetch_one,
+)
 from pgcounters.sqlfiles import query
+
+T = TypeVar("T")
 
 Mode: TypeAlias = Literal["queued", "unlogged", "direct"]
 MODES: tuple[Mode, ...] = get_args(Mode)
@@ -180,39 +195,27 @@ def _row_to_counter(row: Sequence[Any]) -> Counter:
     )
 
 
-class Counters:
-    """Counters kept in a PostgreSQL database, through one psycopg connection.
+class _CounterPlans:
+    """The behaviour of :class:`Counters` and :class:`AsyncCounters`, written once.
 
-    The connection may be in autocommit mode (each call is its own transaction)
-    or not (calls join the current transaction, which the caller commits).
-
-    ``read_conn``: a connection to a hot standby (or any server holding the same
-    data) for the reads (``get``, ``get_many``, ``top``); everything else goes
-    to ``conn``. Reads there lag the primary by the replication delay: see
-    :meth:`wal_position` and :meth:`wait_for_replay` for read-your-writes.
+    Each operation is a plan (see :mod:`pgcounters.plans`): the two clients only run it,
+    on a connection or on one borrowed from a pool. The state kept here (declarations
+    looked up, the schema checked, the role's write right) is per client.
     """
 
-    def __init__(
-        self,
-        conn: Conn,
-        *,
-        check_schema: bool = True,
-        read_conn: Conn | None = None,
-    ) -> None:
-        self.conn = conn
-        self.read_conn = conn if read_conn is None else read_conn
+    def __init__(self, *, check_schema: bool) -> None:
         self._cache: dict[str, Counter] = {}
         self._schema_checked = not check_schema
         self._direct_writes: bool | None = None
 
     # -- declarations -------------------------------------------------------
 
-    def _ensure_schema(self) -> None:
+    def _ensure_schema(self) -> Plan[None]:
         if not self._schema_checked:
-            schema.check(self.conn)
+            yield from schema.check_plan()
             self._schema_checked = True
 
-    def create_counter(self, name: str, key: object = None, mode: Mode = "queued") -> Counter:
+    def _create_counter(self, name: str, key: object, mode: Mode) -> Plan[Counter]:
         """Declare a named counter (idempotent for the same definition).
 
         ``key`` gives the key types: ``None`` for a global counter, ``int`` or
@@ -221,22 +224,21 @@ class Counters:
         check_name(name)
         key_types = normalize_key_types(key)
         self._check_mode(mode)
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                query("create_counter"), {"name": name, "key_types": list(key_types), "mode": mode}
-            )
+        yield from self._ensure_schema()
+        yield Execute(
+            query("create_counter"), {"name": name, "key_types": list(key_types), "mode": mode}
+        )
         self._cache.pop(name, None)
-        return self.counter(name)
+        return (yield from self._counter(name))
 
-    def create_column_counter(
+    def _create_column_counter(
         self,
         name: str,
         table: str | tuple[str, str],
         column: str,
-        key_column: str = "id",
-        mode: Mode = "queued",
-    ) -> Counter:
+        key_column: str,
+        mode: Mode,
+    ) -> Plan[Counter]:
         """Declare a counter kept in ``table.column``, one value per ``key_column``.
 
         ``table`` is an SQL name, as PostgreSQL reads it, optionally
@@ -261,20 +263,26 @@ class Counters:
             table_name = table
         else:
             raise InvalidCounterDefinition(f"a table must be a non-empty name, got {table!r}")
-        self._ensure_schema()
+        yield from self._ensure_schema()
         try:
-            with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(
-                    query("create_column_counter"),
-                    {
-                        "name": name,
-                        "table": table_name,
-                        "column": column,
-                        "key_column": key_column,
-                        "mode": mode,
-                    },
-                )
-        except (psycopg.ProgrammingError, psycopg.NotSupportedError, psycopg.DataError) as exc:
+            yield Execute(
+                query("create_column_counter"),
+                {
+                    "name": name,
+                    "table": table_name,
+                    "column": column,
+                    "key_column": key_column,
+                    "mode": mode,
+                },
+            )
+        except psycopg.Error as exc:
+            mapped = translate(exc)
+            if mapped is not None:
+                raise mapped from exc
+            if not isinstance(
+                exc, psycopg.ProgrammingError | psycopg.NotSupportedError | psycopg.DataError
+            ):
+                raise
             # the table name did not parse or name a table (regclass input)
             message = exc.diag.message_primary or str(exc)
             raise InvalidCounterDefinition(
@@ -282,40 +290,35 @@ class Counters:
                 "quoted, or pass a (schema, table) tuple)"
             ) from exc
         self._cache.pop(name, None)
-        return self.counter(name)
+        return (yield from self._counter(name))
 
-    def drop_counter(self, name: str) -> bool:
+    def _drop_counter(self, name: str) -> Plan[bool]:
         """Forget a counter, its values and its pending deltas. False if it did not exist."""
         check_name(name)
-        self._ensure_schema()
+        yield from self._ensure_schema()
         self._cache.pop(name, None)
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("drop_counter"), {"name": name})
-            row = cur.fetchone()
+        row = yield Execute(query("drop_counter"), {"name": name}, "one")
         return bool(row and row[0])
 
-    def counter(self, name: str) -> Counter:
+    def _counter(self, name: str) -> Plan[Counter]:
         """The declaration of ``name`` (cached per client)."""
         cached = self._cache.get(name)
         if cached is not None:
             return cached
         check_name(name)
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("target_by_name"), {"name": name})
-            row = cur.fetchone()
+        yield from self._ensure_schema()
+        row = yield Execute(query("target_by_name"), {"name": name}, "one")
         if row is None:
             raise UnknownCounter(f"no counter named {name!r} is declared")
         found = _row_to_counter(row)
         self._cache[name] = found
         return found
 
-    def counters(self) -> list[Counter]:
+    def _counters(self) -> Plan[list[Counter]]:
         """Every declared counter, by name."""
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("list_targets"))
-            return [_row_to_counter(r) for r in cur.fetchall()]
+        yield from self._ensure_schema()
+        rows = yield Execute(query("list_targets"), fetch="all")
+        return [_row_to_counter(r) for r in rows]
 
     @staticmethod
     def _check_mode(mode: object) -> None:
@@ -324,15 +327,20 @@ class Counters:
 
     # -- increments ---------------------------------------------------------
 
-    @contextmanager
-    def _applying(self, cur: psycopg.Cursor[Any]) -> Iterator[None]:
+    @staticmethod
+    def _applying(plan: Plan[T]) -> Plan[T]:
         """A write of a counter column: past its guard, in a transaction (or savepoint)."""
-        with self.conn.transaction():
-            cur.execute(query("applying_on"))
-            yield
-            cur.execute(query("applying_off"))
 
-    def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
+        def guarded() -> Plan[T]:
+            yield Execute(query("applying_on"))
+            result = yield from plan
+            yield Execute(query("applying_off"))
+            return result
+
+        result: T = yield Transaction(guarded())
+        return result
+
+    def _incr(self, name: str, key: object, delta: int) -> Plan[int | None]:
         """Add ``delta`` to one counter.
 
         Queued and unlogged counters insert one delta and return None: no lock
@@ -340,54 +348,50 @@ class Counters:
         stored value at once and return it (read-your-write). A sum of decimals
         is added to with :meth:`incr_decimal`.
         """
-        units = self._incr_units(self._integer(name), key, check_delta(delta))
+        counter = yield from self._integer(name)
+        units = yield from self._incr_units(counter, key, check_delta(delta))
         return None if units is None else int(units)
 
-    def incr_decimal(
-        self, name: str, key: object = None, delta: Decimal | int = 1
-    ) -> Decimal | None:
+    def _incr_decimal(self, name: str, key: object, delta: Decimal | int) -> Plan[Decimal | None]:
         """Add a Decimal (or an int) to a counter: a sum of decimals takes at most its
         number of decimal places, an integer counter a whole number. Returns the new value
         of a direct counter, None for a queued one."""
-        counter = self.counter(name)
-        units = self._incr_units(counter, key, counter.units(delta))
+        counter = yield from self._counter(name)
+        units = yield from self._incr_units(counter, key, counter.units(delta))
         return None if units is None else value_of(counter.scale or 0, units)
 
-    def _incr_units(self, counter: Counter, key: object, delta: int) -> int | None:
+    def _incr_units(self, counter: Counter, key: object, delta: int) -> Plan[int | None]:
         """Add ``delta`` units; the new value in units for a direct counter."""
         encoded = encode_key(key, counter.key_types, counter.name)
         if counter.mode != "direct":
             # the hot path: one INSERT, the key sent as one array-literal parameter
             stmt = query("enqueue" if counter.mode == "queued" else "enqueue_unlogged")
-            with translated():
-                self.conn.execute(stmt, (counter.id, array_literal(encoded), delta))
+            yield Execute(stmt, (counter.id, array_literal(encoded), delta))
             return None
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            if counter.is_column:
-                with self._applying(cur):
-                    cur.execute(
-                        counter.composed("direct_column"),
-                        (_column_delta(counter, delta), encoded[0]),
-                    )
-                    row = cur.fetchone()
-                return None if row is None else counter.units(row[0])
-            if self._writes_counters():
-                # an UPDATE when the row exists (one statement, like the naive way);
-                # the first increment of a key creates it with the upsert
-                literal = array_literal(encoded)
-                cur.execute(query("direct_named_update"), (delta, counter.id, literal))
-                if cur.rowcount == 0:
-                    cur.execute(query("direct_named"), (counter.id, encoded, delta))
-            else:
-                # through a SECURITY DEFINER function: a least-privilege role needs
-                # no write right on pgcounters.counters (migration 0006)
-                cur.execute(
-                    query("direct_named_add"), ([counter.id], [array_literal(encoded)], [delta])
+        if counter.is_column:
+            row = yield from self._applying(
+                fetch_one(
+                    counter.composed("direct_column"),
+                    (_column_delta(counter, delta), encoded[0]),
                 )
-            row = cur.fetchone()
+            )
+            return None if row is None else counter.units(row[0])
+        if (yield from self._writes_counters()):
+            # an UPDATE when the row exists (one statement, like the naive way);
+            # the first increment of a key creates it with the upsert
+            literal = array_literal(encoded)
+            row = yield Execute(query("direct_named_update"), (delta, counter.id, literal), "one")
+            if row is None:
+                row = yield Execute(query("direct_named"), (counter.id, encoded, delta), "one")
+        else:
+            # through a SECURITY DEFINER function: a least-privilege role needs
+            # no write right on pgcounters.counters (migration 0006)
+            row = yield Execute(
+                query("direct_named_add"), ([counter.id], [array_literal(encoded)], [delta]), "one"
+            )
         return None if row is None else int(row[0])
 
-    def incr_many(self, items: Iterable[tuple[str, object, int | Decimal]]) -> int:
+    def _incr_many(self, items: Iterable[tuple[str, object, int | Decimal]]) -> Plan[int]:
         """Apply many increments in one transaction, with one statement per kind.
 
         Deltas are summed per counter and key first; every item is validated
@@ -404,7 +408,7 @@ class Counters:
                 raise InvalidArgument(
                     f"incr_many takes (counter name, key, delta) tuples, got {item!r}"
                 ) from None
-            counter = self.counter(name)
+            counter = yield from self._counter(name)
             by_id[counter.id] = counter
             encoded = tuple(encode_key(key, counter.key_types, name))
             netted[(counter.id, encoded)] += counter.units(delta)
@@ -425,22 +429,23 @@ class Counters:
         single = len(by_kind) == 1 and all(
             k != "direct_column" and len(r) <= _MAX_ROWS_PER_STATEMENT for k, r in by_kind.items()
         )
-        with (
-            translated(),
-            nullcontext() if single else self._atomic(),
-            self.conn.cursor(row_factory=tuple_row) as cur,
-        ):
+        writes_counters = "direct" in by_kind and (yield from self._writes_counters())
+
+        def write() -> Plan[None]:
             for kind, rows in by_kind.items():
                 if kind == "direct_column":
-                    with self._applying(cur):
+
+                    def columns(rows: list[tuple[Counter, tuple[str, ...], int]]) -> Plan[None]:
                         for counter, encoded, total in rows:
-                            cur.execute(
+                            yield Execute(
                                 counter.composed("direct_column"),
                                 (_column_delta(counter, total), encoded[0]),
                             )
+
+                    yield from self._applying(columns(rows))
                     continue
-                if kind == "direct" and not self._writes_counters():
-                    cur.execute(
+                if kind == "direct" and not writes_counters:
+                    yield Execute(
                         query("direct_named_add"),
                         (
                             [c.id for c, _, _ in rows],
@@ -456,10 +461,15 @@ class Counters:
                 }[kind]
                 for start in range(0, len(rows), _MAX_ROWS_PER_STATEMENT):
                     chunk = rows[start : start + _MAX_ROWS_PER_STATEMENT]
-                    cur.execute(_multi_insert(table, len(chunk)), _flatten(chunk))
+                    yield Execute(_multi_insert(table, len(chunk)), _flatten(chunk))
+
+        if single:
+            yield from write()
+        else:
+            yield from self._atomic(write())
         return sum(len(rows) for rows in by_kind.values())
 
-    def _writes_counters(self) -> bool:
+    def _writes_counters(self) -> Plan[bool]:
         """True when this connection's role may write ``pgcounters.counters`` itself.
 
         Direct named counters are then upserted with one plain statement (the
@@ -467,27 +477,28 @@ class Counters:
         SECURITY DEFINER function ``add_direct`` instead. Asked once per client.
         """
         if self._direct_writes is None:
-            with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(query("counters_writable"))
-                row = cur.fetchone()
+            row = yield Execute(query("counters_writable"), fetch="one")
             self._direct_writes = bool(row and row[0])
         return self._direct_writes
 
-    def _atomic(self) -> AbstractContextManager[object]:
+    @staticmethod
+    def _atomic(plan: Plan[T]) -> Plan[T]:
         """All-or-nothing for several statements, without committing the caller's work.
 
         In autocommit mode: a transaction of its own. Inside a transaction: a
         savepoint. On an idle non-autocommit connection: the transaction the
         first statement opens, which the caller commits or rolls back.
         """
-        idle = self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        if idle and not self.conn.autocommit:
-            return nullcontext()
-        return self.conn.transaction()
+        conn: ConnState = yield Connection()
+        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if idle and not conn.autocommit:
+            return (yield from plan)
+        result: T = yield Transaction(plan)
+        return result
 
     # -- reads --------------------------------------------------------------
 
-    def get(self, name: str, key: object = None, *, exact: bool = True) -> int:
+    def _get(self, name: str, key: object, exact: bool) -> Plan[int]:
         """The value of one counter.
 
         ``exact=True`` (the default) adds the pending deltas to the stored
@@ -495,43 +506,44 @@ class Counters:
         ``exact=False`` reads the stored value only (cheaper, may lag).
         A sum of decimals is read with :meth:`get_decimal`.
         """
-        counter = self._integer(name)
-        return int(self._get_units(counter, key, exact))
+        counter = yield from self._integer(name)
+        return int((yield from self._get_units(counter, key, exact)))
 
-    def get_decimal(self, name: str, key: object = None, *, exact: bool = True) -> Decimal:
+    def _get_decimal(self, name: str, key: object, exact: bool) -> Plan[Decimal]:
         """The value of one counter as a :class:`~decimal.Decimal` (a sum of decimals has
         its declared number of decimal places; an integer counter none)."""
-        counter = self.counter(name)
-        return value_of(counter.scale or 0, self._get_units(counter, key, exact))
+        counter = yield from self._counter(name)
+        return value_of(counter.scale or 0, (yield from self._get_units(counter, key, exact)))
 
-    def _get_units(self, counter: Counter, key: object, exact: bool) -> int:
+    def _get_units(self, counter: Counter, key: object, exact: bool) -> Plan[int]:
         encoded = encode_key(key, counter.key_types, counter.name)
         params: dict[str, Any] = {"t": counter.id, "k": encoded}
-        with translated(), self.read_conn.cursor(row_factory=tuple_row) as cur:
-            if counter.is_column:
-                params["v"] = _typed_key_value(counter, encoded[0])
-                statement = self._read_query(counter, "exact_column", "stored_column", exact)
-                cur.execute(counter.composed(statement), params)
-            else:
-                cur.execute(
-                    query(self._read_query(counter, "exact_named", "stored_named", exact)), params
-                )
-            row = cur.fetchone()
+        if counter.is_column:
+            params["v"] = _typed_key_value(counter, encoded[0])
+            statement = yield from self._read_query(counter, "exact_column", "stored_column", exact)
+            row = yield Execute(counter.composed(statement), params, "one", read=True)
+        else:
+            statement = yield from self._read_query(counter, "exact_named", "stored_named", exact)
+            row = yield Execute(query(statement), params, "one", read=True)
         return int(row[0]) if row else 0
 
-    def get_many(self, name: str, keys: Iterable[object], *, exact: bool = True) -> list[int]:
+    def _get_many(self, name: str, keys: Iterable[object], exact: bool) -> Plan[list[int]]:
         """The values of one counter for many keys, in the order given, in one statement."""
-        return self._get_many_units(self._integer(name), keys, exact)
+        counter = yield from self._integer(name)
+        return (yield from self._get_many_units(counter, keys, exact))
 
-    def get_many_decimal(
-        self, name: str, keys: Iterable[object], *, exact: bool = True
-    ) -> list[Decimal]:
+    def _get_many_decimal(
+        self, name: str, keys: Iterable[object], exact: bool
+    ) -> Plan[list[Decimal]]:
         """:meth:`get_many` as Decimals (for a sum of decimals)."""
-        counter = self.counter(name)
+        counter = yield from self._counter(name)
         scale = counter.scale or 0
-        return [value_of(scale, v) for v in self._get_many_units(counter, keys, exact)]
+        units = yield from self._get_many_units(counter, keys, exact)
+        return [value_of(scale, v) for v in units]
 
-    def _get_many_units(self, counter: Counter, keys: Iterable[object], exact: bool) -> list[int]:
+    def _get_many_units(
+        self, counter: Counter, keys: Iterable[object], exact: bool
+    ) -> Plan[list[int]]:
         key_list = list(keys)
         encoded = [encode_key(k, counter.key_types, counter.name) for k in key_list]
         if not encoded:
@@ -539,48 +551,49 @@ class Counters:
         if counter.is_column:
             # one statement per key keeps each exact; column targets are rows of a
             # user table, usually read through the ORM instead
-            return [self._get_units(counter, k, exact) for k in key_list]
-        statement = self._read_query(counter, "exact_named_many", "stored_named_many", exact)
-        with translated(), self.read_conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                query(statement),
-                {"t": counter.id, "keys": json.dumps(encoded)},
-            )
-            values: dict[int, int] = dict(cur.fetchall())
+            values_in_order: list[int] = []
+            for k in key_list:
+                values_in_order.append((yield from self._get_units(counter, k, exact)))
+            return values_in_order
+        statement = yield from self._read_query(
+            counter, "exact_named_many", "stored_named_many", exact
+        )
+        rows = yield Execute(
+            query(statement), {"t": counter.id, "keys": json.dumps(encoded)}, "all", read=True
+        )
+        values: dict[int, int] = dict(rows)
         return [int(values[i]) for i in range(1, len(encoded) + 1)]
 
-    def top(self, name: str, n: int = 10) -> list[tuple[Key, int]]:
+    def _top(self, name: str, n: int) -> Plan[list[tuple[Key, int]]]:
         """The ``n`` keys with the highest stored values, highest first.
 
         Ranks by stored value (an index scan); deltas not yet drained are not
         included, so drain often when ranking matters.
         """
-        return self._top_units(self._integer(name), n)
+        counter = yield from self._integer(name)
+        return (yield from self._top_units(counter, n))
 
-    def top_decimal(self, name: str, n: int = 10) -> list[tuple[Key, Decimal]]:
+    def _top_decimal(self, name: str, n: int) -> Plan[list[tuple[Key, Decimal]]]:
         """:meth:`top` with Decimal values (for a sum of decimals)."""
-        counter = self.counter(name)
+        counter = yield from self._counter(name)
         scale = counter.scale or 0
-        return [(k, value_of(scale, v)) for k, v in self._top_units(counter, n)]
+        ranked = yield from self._top_units(counter, n)
+        return [(k, value_of(scale, v)) for k, v in ranked]
 
-    def _top_units(self, counter: Counter, n: int) -> list[tuple[Key, int]]:
+    def _top_units(self, counter: Counter, n: int) -> Plan[list[tuple[Key, int]]]:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= BIGINT_MAX:
             raise InvalidArgument(
                 f"n must be a non-negative int within the bigint range, got {n!r}"
             )
-        with translated(), self.read_conn.cursor(row_factory=tuple_row) as cur:
-            if counter.is_column:
-                cur.execute(counter.composed("top_column"), {"n": n})
-                return [
-                    (decode_key([str(k)], counter.key_types), int(v or 0))
-                    for k, v in cur.fetchall()
-                ]
-            cur.execute(query("top_named"), {"t": counter.id, "n": n})
-            return [(decode_key(k, counter.key_types), int(v)) for k, v in cur.fetchall()]
+        if counter.is_column:
+            rows = yield Execute(counter.composed("top_column"), {"n": n}, "all", read=True)
+            return [(decode_key([str(k)], counter.key_types), int(v or 0)) for k, v in rows]
+        rows = yield Execute(query("top_named"), {"t": counter.id, "n": n}, "all", read=True)
+        return [(decode_key(k, counter.key_types), int(v)) for k, v in rows]
 
-    def _integer(self, name: str) -> Counter:
+    def _integer(self, name: str) -> Plan[Counter]:
         """The counter, refused when it sums decimals (read as Decimals: ``*_decimal``)."""
-        counter = self.counter(name)
+        counter = yield from self._counter(name)
         if counter.scale is not None:
             raise InvalidCounterDefinition(
                 f"counter {name} sums decimals ({counter.scale} decimal places): read it "
@@ -588,7 +601,8 @@ class Counters:
             )
         return counter
 
-    def _read_query(self, counter: Counter, exact_name: str, stored_name: str, exact: bool) -> str:
+    @staticmethod
+    def _read_query(counter: Counter, exact_name: str, stored_name: str, exact: bool) -> Plan[str]:
         """The name of the read statement for ``counter`` on the read connection.
 
         A hot standby cannot plan a statement that names an unlogged table (and
@@ -599,7 +613,8 @@ class Counters:
         """
         if not exact:
             return stored_name
-        if not on_standby(self.read_conn):
+        read_conn: ConnState = yield Connection(read=True)
+        if not on_standby(read_conn):
             return exact_name
         if counter.mode == "unlogged":
             raise ReplicaError(
@@ -610,19 +625,19 @@ class Counters:
 
     # -- replicas -------------------------------------------------------------
 
-    def wal_position(self) -> str:
+    @staticmethod
+    def _wal_position() -> Plan[str]:
         """The primary's WAL position now (a ``pg_lsn`` as text), taken on ``conn``.
 
         Taken after a commit, it covers that commit: once a standby has
         replayed up to it (:meth:`wait_for_replay`), reads there see the write.
         """
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("wal_insert_position"))
-            row = cur.fetchone()
+        row = yield Execute(query("wal_insert_position"), fetch="one")
         assert row is not None
         return str(row[0])
 
-    def wait_for_replay(self, position: str, timeout: float = 5.0) -> float:
+    @staticmethod
+    def _wait_for_replay(position: str, timeout: float) -> Plan[float]:
         """Wait until the read connection's server has replayed the WAL up to ``position``.
 
         Returns the seconds waited. Returns at once on a primary. Raises
@@ -638,7 +653,7 @@ class Counters:
         ):
             # NaN would wait for ever (no comparison with it is true)
             raise InvalidArgument(f"timeout must be a number of seconds >= 0, got {timeout!r}")
-        conn = self.read_conn
+        conn: ConnState = yield Connection(read=True)
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and (
             conn.isolation_level
             in (psycopg.IsolationLevel.REPEATABLE_READ, psycopg.IsolationLevel.SERIALIZABLE)
@@ -652,9 +667,7 @@ class Counters:
         # first polls come quickly, later ones back off to spare a lagging standby
         pause = 0.0002
         while True:
-            with translated(), conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(query("replay_reached"), {"lsn": position})
-                row = cur.fetchone()
+            row = yield Execute(query("replay_reached"), {"lsn": position}, "one", read=True)
             assert row is not None
             in_recovery, reached = row
             waited = time.monotonic() - started
@@ -664,30 +677,28 @@ class Counters:
                 raise ReplicaNotCaughtUp(
                     f"the standby had not replayed up to {position} after {timeout:g} s"
                 )
-            time.sleep(min(pause, max(0.0, timeout - waited)))
+            yield Sleep(min(pause, max(0.0, timeout - waited)))
             pause = min(pause * 1.5, 0.005)
 
-    def pending(self) -> tuple[int, int]:
+    def _pending(self) -> Plan[tuple[int, int]]:
         """Number of deltas waiting in the (logged, unlogged) queues."""
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("pending_counts"))
-            row = cur.fetchone()
+        yield from self._ensure_schema()
+        row = yield Execute(query("pending_counts"), fetch="one")
         assert row is not None
         return int(row[0]), int(row[1])
 
     # -- draining -----------------------------------------------------------
 
-    def drain_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> tuple[int, int]:
+    def _drain_batch(self, batch_size: int, unlogged: bool) -> Plan[tuple[int, int]]:
         """Apply one batch of at most ``batch_size`` deltas in its own transaction.
 
         Returns ``(deltas applied, keys updated)``; :meth:`drain_queue_batch`
         also says what was left for later or set aside.
         """
-        batch = self.drain_queue_batch(batch_size, unlogged=unlogged)
+        batch = yield from self._drain_queue_batch(batch_size, unlogged)
         return batch.deltas, batch.keys
 
-    def drain_queue_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> BatchResult:
+    def _drain_queue_batch(self, batch_size: int, unlogged: bool) -> Plan[BatchResult]:
         """Apply one batch of at most ``batch_size`` deltas in its own transaction.
 
         Parent rows held by other transactions are not waited for: their deltas
@@ -705,45 +716,47 @@ class Counters:
             raise InvalidArgument(
                 f"batch size must be a positive int of at most {INT_MAX}, got {batch_size!r}"
             )
-        if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn: ConnState = yield Connection()
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise DrainError("drain must run outside a transaction: each batch commits on its own")
-        self._ensure_schema()
+        yield from self._ensure_schema()
+
+        def batch() -> Plan[Row | None]:
+            # a batch is Read Committed whatever the connection's level: at
+            # Repeatable Read a drainer fails on every parent row a writer
+            # updated since its snapshot, and may fail again on each retry
+            yield Execute(query("drain_read_committed"))
+            return (
+                yield from fetch_one(
+                    query("drain_queue"), {"limit": batch_size, "unlogged": unlogged}
+                )
+            )
+
         for attempt in range(_DRAIN_RETRIES):
             try:
-                with (
-                    translated(),
-                    self.conn.transaction(),
-                    self.conn.cursor(row_factory=tuple_row) as cur,
-                ):
-                    # a batch is Read Committed whatever the connection's level: at
-                    # Repeatable Read a drainer fails on every parent row a writer
-                    # updated since its snapshot, and may fail again on each retry
-                    cur.execute(query("drain_read_committed"))
-                    cur.execute(query("drain_queue"), {"limit": batch_size, "unlogged": unlogged})
-                    row = cur.fetchone()
+                row = yield Transaction(batch())
                 assert row is not None
                 return BatchResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), bool(row[4]))
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 reason = retry_reason(exc)
-                record_retry(self.conn, "drain", reason)
+                yield from record_retry_plan("drain", reason)
                 if attempt == _DRAIN_RETRIES - 1:
                     raise
                 logger.warning(
                     "drain batch aborted by %s, retrying (attempt %d of %d)",
                     reason, attempt + 2, _DRAIN_RETRIES,
                 )  # fmt: skip
-                time.sleep(0.01 * (attempt + 1))
+                yield Sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def drain(
+    def _drain(
         self,
-        batch_size: int = 10_000,
-        *,
-        max_batches: int | None = None,
-        time_limit: float | None = None,
-        stop: Callable[[], bool] | None = None,
-        statement_timeout: float | None = None,
-    ) -> DrainResult:
+        batch_size: int,
+        max_batches: int | None,
+        time_limit: float | None,
+        stop: Callable[[], bool] | None,
+        statement_timeout: float | None,
+    ) -> Plan[DrainResult]:
         """Drain both queues until they are empty (or a bound is reached).
 
         The queues take turns, a batch each, so a busy logged queue does not
@@ -774,7 +787,7 @@ class Counters:
                 f"time_limit must be a number of seconds >= 0 or None, got {time_limit!r}"
             )
         if statement_timeout is None:
-            return self._drain(batch_size, max_batches, time_limit, stop)
+            return (yield from self._drain_queues(batch_size, max_batches, time_limit, stop))
         if (
             isinstance(statement_timeout, bool)
             or not isinstance(statement_timeout, int | float)
@@ -784,33 +797,46 @@ class Counters:
                 f"statement_timeout must be zero or more seconds, at most {_MAX_TIMEOUT}, "
                 f"got {statement_timeout!r}"
             )
-        if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn: ConnState = yield Connection()
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise DrainError("drain must run outside a transaction: each batch commits on its own")
-        with self.conn.transaction():
-            row = self.conn.execute(query("statement_timeout")).fetchone()
-            previous = str(row[0]) if row else "0"
-            timeout = {"timeout": f"{round(statement_timeout * 1000)}ms"}
-            self.conn.execute(query("set_statement_timeout"), timeout)
+        timeout = f"{round(statement_timeout * 1000)}ms"
+
+        def set_timeout() -> Plan[str]:
+            row = yield from fetch_one(query("statement_timeout"))
+            yield Execute(query("set_statement_timeout"), {"timeout": timeout})
+            return str(row[0]) if row else "0"
+
+        def put_back(previous: str) -> Plan[None]:
+            # the session's own timeout again (a connection left broken has no session)
+            conn: ConnState = yield Connection()
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                yield Transaction(
+                    plans.execute(query("set_statement_timeout"), {"timeout": previous})
+                )
+
+        previous: str = yield Transaction(set_timeout())
         try:
-            return self._drain(batch_size, max_batches, time_limit, stop)
+            result = yield from self._drain_queues(batch_size, max_batches, time_limit, stop)
         except psycopg.errors.QueryCanceled as exc:
+            yield from put_back(previous)
             raise DrainError(
                 "a batch was cancelled by the statement timeout and rolled back (its deltas "
                 "stay queued): use a smaller batch size or a longer statement timeout"
             ) from exc
-        finally:
-            # the session's own timeout again (a connection left broken has no session)
-            if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-                with self.conn.transaction():
-                    self.conn.execute(query("set_statement_timeout"), {"timeout": previous})
+        except Exception:
+            yield from put_back(previous)
+            raise
+        yield from put_back(previous)
+        return result
 
-    def _drain(
+    def _drain_queues(
         self,
         batch_size: int,
         max_batches: int | None,
         time_limit: float | None,
         stop: Callable[[], bool] | None,
-    ) -> DrainResult:
+    ) -> Plan[DrainResult]:
         started = time.perf_counter()
         deltas = keys = batches = quarantined = 0
         busy = [0, 0]
@@ -829,7 +855,7 @@ class Counters:
                     return result()
                 if stop is not None and stop():
                     return result()
-                batch = self.drain_queue_batch(batch_size, unlogged=unlogged)
+                batch = yield from self._drain_queue_batch(batch_size, unlogged)
                 batches += 1
                 deltas += batch.deltas
                 keys += batch.keys
@@ -838,6 +864,307 @@ class Counters:
                 if batch.done:
                     active.remove(unlogged)
         return result()
+
+
+class Counters(_CounterPlans):
+    """Counters kept in a PostgreSQL database, through one psycopg connection.
+
+    The connection may be in autocommit mode (each call is its own transaction)
+    or not (calls join the current transaction, which the caller commits).
+
+    ``conn`` may also be a ``psycopg_pool.ConnectionPool``: each call then borrows a
+    connection for its duration and is a transaction of its own, committed when the
+    call returns (the pool's ``connection()`` block). A client on a pool may be shared
+    by any number of threads. A client on one connection may be shared by threads
+    too (psycopg serializes a connection's statements, and the state the client keeps
+    is a cache of declarations), but they then share that connection's transaction:
+    give each thread its own connection, or use a pool, when calls must commit or
+    roll back independently.
+
+    ``read_conn``: a connection to a hot standby (or any server holding the same
+    data) for the reads (``get``, ``get_many``, ``top``); everything else goes
+    to ``conn``. Reads there lag the primary by the replication delay: see
+    :meth:`wal_position` and :meth:`wait_for_replay` for read-your-writes.
+    """
+
+    def __init__(
+        self,
+        conn: Conn | ConnectionPool[Any],
+        *,
+        check_schema: bool = True,
+        read_conn: Conn | None = None,
+    ) -> None:
+        super().__init__(check_schema=check_schema)
+        self._pool: ConnectionPool[Any] | None = None
+        self._conn: Conn | None = None
+        if isinstance(conn, psycopg.Connection):
+            self._conn = conn
+        elif isinstance(conn, ConnectionPool):
+            self._pool = conn
+        else:
+            raise ConfigurationError(
+                "Counters takes a psycopg Connection or a psycopg_pool.ConnectionPool, got "
+                f"{type(conn).__name__} (for an AsyncConnection, use AsyncCounters)"
+            )
+        self._read_conn = read_conn
+
+    @property
+    def conn(self) -> Conn:
+        """The connection the client runs on (not for a client on a pool)."""
+        if self._conn is None:
+            raise ConfigurationError("this client borrows its connections from a pool")
+        return self._conn
+
+    @property
+    def read_conn(self) -> Conn:
+        """The connection of the reads: ``read_conn`` if given, else ``conn``."""
+        return self.conn if self._read_conn is None else self._read_conn
+
+    @property
+    def pool(self) -> ConnectionPool[Any] | None:
+        """The pool the client borrows its connections from, if it was given one."""
+        return self._pool
+
+    def _run(self, plan: Plan[T]) -> T:
+        if self._pool is None:
+            return plans.run(plan, self.conn, self._read_conn)
+        with self._pool.connection() as conn:
+            return plans.run(plan, conn, self._read_conn)
+
+    def create_counter(self, name: str, key: object = None, mode: Mode = "queued") -> Counter:
+        return self._run(self._create_counter(name, key, mode))
+
+    def create_column_counter(
+        self,
+        name: str,
+        table: str | tuple[str, str],
+        column: str,
+        key_column: str = "id",
+        mode: Mode = "queued",
+    ) -> Counter:
+        return self._run(self._create_column_counter(name, table, column, key_column, mode))
+
+    def drop_counter(self, name: str) -> bool:
+        return self._run(self._drop_counter(name))
+
+    def counter(self, name: str) -> Counter:
+        cached = self._cache.get(name)  # the hot path of every call: no plan to run
+        return cached if cached is not None else self._run(self._counter(name))
+
+    def counters(self) -> list[Counter]:
+        return self._run(self._counters())
+
+    def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
+        return self._run(self._incr(name, key, delta))
+
+    def incr_decimal(
+        self, name: str, key: object = None, delta: Decimal | int = 1
+    ) -> Decimal | None:
+        return self._run(self._incr_decimal(name, key, delta))
+
+    def incr_many(self, items: Iterable[tuple[str, object, int | Decimal]]) -> int:
+        return self._run(self._incr_many(items))
+
+    def get(self, name: str, key: object = None, *, exact: bool = True) -> int:
+        return self._run(self._get(name, key, exact))
+
+    def get_decimal(self, name: str, key: object = None, *, exact: bool = True) -> Decimal:
+        return self._run(self._get_decimal(name, key, exact))
+
+    def get_many(self, name: str, keys: Iterable[object], *, exact: bool = True) -> list[int]:
+        return self._run(self._get_many(name, keys, exact))
+
+    def get_many_decimal(
+        self, name: str, keys: Iterable[object], *, exact: bool = True
+    ) -> list[Decimal]:
+        return self._run(self._get_many_decimal(name, keys, exact))
+
+    def top(self, name: str, n: int = 10) -> list[tuple[Key, int]]:
+        return self._run(self._top(name, n))
+
+    def top_decimal(self, name: str, n: int = 10) -> list[tuple[Key, Decimal]]:
+        return self._run(self._top_decimal(name, n))
+
+    def wal_position(self) -> str:
+        return self._run(self._wal_position())
+
+    def wait_for_replay(self, position: str, timeout: float = 5.0) -> float:
+        return self._run(self._wait_for_replay(position, timeout))
+
+    def pending(self) -> tuple[int, int]:
+        return self._run(self._pending())
+
+    def drain_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> tuple[int, int]:
+        return self._run(self._drain_batch(batch_size, unlogged))
+
+    def drain_queue_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> BatchResult:
+        return self._run(self._drain_queue_batch(batch_size, unlogged))
+
+    def drain(
+        self,
+        batch_size: int = 10_000,
+        *,
+        max_batches: int | None = None,
+        time_limit: float | None = None,
+        stop: Callable[[], bool] | None = None,
+        statement_timeout: float | None = None,
+    ) -> DrainResult:
+        return self._run(self._drain(batch_size, max_batches, time_limit, stop, statement_timeout))
+
+
+class AsyncCounters(_CounterPlans):
+    """:class:`Counters` on a psycopg ``AsyncConnection`` or ``AsyncConnectionPool``.
+
+    The same methods, arguments, results and errors, awaited. On a connection,
+    calls join its current transaction (or are their own, in autocommit mode); on a
+    pool, each call borrows a connection and commits when it returns. A client on a
+    pool may be shared by every task of the event loop.
+    """
+
+    def __init__(
+        self,
+        conn: AsyncConn | AsyncConnectionPool[Any],
+        *,
+        check_schema: bool = True,
+        read_conn: AsyncConn | None = None,
+    ) -> None:
+        super().__init__(check_schema=check_schema)
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._conn: AsyncConn | None = None
+        if isinstance(conn, psycopg.AsyncConnection):
+            self._conn = conn
+        elif isinstance(conn, AsyncConnectionPool):
+            self._pool = conn
+        else:
+            raise ConfigurationError(
+                "AsyncCounters takes a psycopg AsyncConnection or a "
+                f"psycopg_pool.AsyncConnectionPool, got {type(conn).__name__} "
+                "(for a Connection, use Counters)"
+            )
+        self._read_conn = read_conn
+
+    @property
+    def conn(self) -> AsyncConn:
+        """The connection the client runs on (not for a client on a pool)."""
+        if self._conn is None:
+            raise ConfigurationError("this client borrows its connections from a pool")
+        return self._conn
+
+    @property
+    def read_conn(self) -> AsyncConn:
+        """The connection of the reads: ``read_conn`` if given, else ``conn``."""
+        return self.conn if self._read_conn is None else self._read_conn
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any] | None:
+        """The pool the client borrows its connections from, if it was given one."""
+        return self._pool
+
+    async def _run(self, plan: Plan[T]) -> T:
+        if self._pool is None:
+            return await plans.run_async(plan, self.conn, self._read_conn)
+        async with self._pool.connection() as conn:
+            return await plans.run_async(plan, conn, self._read_conn)
+
+    async def create_counter(self, name: str, key: object = None, mode: Mode = "queued") -> Counter:
+        return await self._run(self._create_counter(name, key, mode))
+
+    async def create_column_counter(
+        self,
+        name: str,
+        table: str | tuple[str, str],
+        column: str,
+        key_column: str = "id",
+        mode: Mode = "queued",
+    ) -> Counter:
+        return await self._run(self._create_column_counter(name, table, column, key_column, mode))
+
+    async def drop_counter(self, name: str) -> bool:
+        return await self._run(self._drop_counter(name))
+
+    async def counter(self, name: str) -> Counter:
+        cached = self._cache.get(name)
+        return cached if cached is not None else await self._run(self._counter(name))
+
+    async def counters(self) -> list[Counter]:
+        return await self._run(self._counters())
+
+    async def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
+        return await self._run(self._incr(name, key, delta))
+
+    async def incr_decimal(
+        self, name: str, key: object = None, delta: Decimal | int = 1
+    ) -> Decimal | None:
+        return await self._run(self._incr_decimal(name, key, delta))
+
+    async def incr_many(self, items: Iterable[tuple[str, object, int | Decimal]]) -> int:
+        return await self._run(self._incr_many(items))
+
+    async def get(self, name: str, key: object = None, *, exact: bool = True) -> int:
+        return await self._run(self._get(name, key, exact))
+
+    async def get_decimal(self, name: str, key: object = None, *, exact: bool = True) -> Decimal:
+        return await self._run(self._get_decimal(name, key, exact))
+
+    async def get_many(self, name: str, keys: Iterable[object], *, exact: bool = True) -> list[int]:
+        return await self._run(self._get_many(name, keys, exact))
+
+    async def get_many_decimal(
+        self, name: str, keys: Iterable[object], *, exact: bool = True
+    ) -> list[Decimal]:
+        return await self._run(self._get_many_decimal(name, keys, exact))
+
+    async def top(self, name: str, n: int = 10) -> list[tuple[Key, int]]:
+        return await self._run(self._top(name, n))
+
+    async def top_decimal(self, name: str, n: int = 10) -> list[tuple[Key, Decimal]]:
+        return await self._run(self._top_decimal(name, n))
+
+    async def wal_position(self) -> str:
+        return await self._run(self._wal_position())
+
+    async def wait_for_replay(self, position: str, timeout: float = 5.0) -> float:
+        return await self._run(self._wait_for_replay(position, timeout))
+
+    async def pending(self) -> tuple[int, int]:
+        return await self._run(self._pending())
+
+    async def drain_batch(
+        self, batch_size: int = 10_000, *, unlogged: bool = False
+    ) -> tuple[int, int]:
+        return await self._run(self._drain_batch(batch_size, unlogged))
+
+    async def drain_queue_batch(
+        self, batch_size: int = 10_000, *, unlogged: bool = False
+    ) -> BatchResult:
+        return await self._run(self._drain_queue_batch(batch_size, unlogged))
+
+    async def drain(
+        self,
+        batch_size: int = 10_000,
+        *,
+        max_batches: int | None = None,
+        time_limit: float | None = None,
+        stop: Callable[[], bool] | None = None,
+        statement_timeout: float | None = None,
+    ) -> DrainResult:
+        return await self._run(
+            self._drain(batch_size, max_batches, time_limit, stop, statement_timeout)
+        )
+
+
+def share_docs(plans_class: type, *clients: type) -> None:
+    """Give each public method of ``clients`` the docstring of its plan (``_name``)."""
+    for client in clients:
+        for name, member in vars(client).items():
+            if name.startswith("_") or not callable(member) or member.__doc__:
+                continue
+            plan = getattr(plans_class, "_" + name, None)
+            if plan is not None and plan.__doc__:
+                member.__doc__ = plan.__doc__
+
+
+share_docs(_CounterPlans, Counters, AsyncCounters)
 
 
 _MAX_TIMEOUT = (2**31 - 1) // 1000
@@ -857,18 +1184,23 @@ def retry_reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def record_retry(conn: Conn, operation: str, reason: str) -> None:
+def record_retry_plan(operation: str, reason: str) -> Plan[None]:
     """Count a retried batch in ``pgcounters.retries`` (for status); never fails the caller."""
+    conn: ConnState = yield Connection()
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE or conn.closed:
         return
     try:
-        with conn.transaction(), conn.cursor() as cur:
-            cur.execute(query("record_retry"), (operation, reason))
+        yield Transaction(plans.execute(query("record_retry"), (operation, reason)))
     except psycopg.Error as exc:  # e.g. a role without the right: the retry goes on
         logger.debug("could not record the retry: %s", exc)
 
 
-def on_standby(conn: Conn) -> bool:
+def record_retry(conn: Conn, operation: str, reason: str) -> None:
+    """Count a retried batch in ``pgcounters.retries`` (for status); never fails the caller."""
+    plans.run(record_retry_plan(operation, reason), conn)
+
+
+def on_standby(conn: ConnState) -> bool:
     """True when ``conn`` is connected to a hot standby.
 
     PostgreSQL 14+ reports ``in_hot_standby`` to the client at connection and

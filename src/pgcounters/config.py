@@ -44,13 +44,16 @@ def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> Conn:
     """Open a connection; a failure becomes :class:`ConnectionFailed` naming the (redacted) DSN."""
     try:
         return psycopg.connect(dsn, autocommit=autocommit, **kwargs)
-    except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise ConnectionFailed(
-            f"could not connect to PostgreSQL at {redact(dsn)!r}: {reason}"
-        ) from exc
-    except psycopg.ProgrammingError as exc:
-        raise ConnectionFailed(f"invalid DSN {redact(dsn)!r}: {exc}") from exc
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+        raise connection_failed(dsn, exc) from exc
+
+
+def connection_failed(dsn: str, exc: psycopg.Error) -> ConnectionFailed:
+    """The error for a connection attempt to ``dsn`` that failed (the DSN redacted)."""
+    if isinstance(exc, psycopg.ProgrammingError):
+        return ConnectionFailed(f"invalid DSN {redact(dsn)!r}: {exc}")
+    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    return ConnectionFailed(f"could not connect to PostgreSQL at {redact(dsn)!r}: {reason}")
 
 
 @contextmanager

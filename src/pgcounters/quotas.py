@@ -1,6 +1,7 @@
 """Quotas and rate limits that never let an extra call through.
 
-A :class:`Quotas` wraps one psycopg 3 connection, like :class:`pgcounters.Counters`.
+A :class:`Quotas` wraps one psycopg 3 connection (or a pool), like
+:class:`pgcounters.Counters`; :class:`AsyncQuotas` is its async twin.
 A quota is a named budget of calls per subject (a customer, a user, an API key,
 an IP address: any non-blank string) per window: a calendar day (the default),
 week or month in a time zone, or a fixed number of seconds.
@@ -18,16 +19,17 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import psycopg
-from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pgcounters import schema
+from pgcounters import plans, schema
+from pgcounters.client import share_docs
 from pgcounters.connection import Conn
-from pgcounters.dberrors import translated
 from pgcounters.errors import (
+    ConfigurationError,
     InvalidCost,
     InvalidQuotaArgument,
     InvalidQuotaDefinition,
@@ -36,7 +38,10 @@ from pgcounters.errors import (
     UnknownQuota,
 )
 from pgcounters.keys import BIGINT_MAX, NAME_RE
+from pgcounters.plans import AsyncConn, Connection, ConnState, Execute, Plan
 from pgcounters.sqlfiles import query
+
+T = TypeVar("T")
 
 Period: TypeAlias = Literal["day", "week", "month", "fixed"]
 CALENDAR_WINDOWS: tuple[str, ...] = ("day", "week", "month")
@@ -285,58 +290,39 @@ def _row_to_quota(row: Sequence[Any]) -> Quota:
     )
 
 
-class Quotas:
-    """Quotas kept in a PostgreSQL database, through one psycopg connection.
+class _QuotaPlans:
+    """The behaviour of :class:`Quotas` and :class:`AsyncQuotas`, written once.
 
-    ``synchronous_commit=False`` lets a call that is a transaction of its own
-    (the connection is in autocommit mode and idle) commit without waiting for
-    the WAL flush: about twice the calls per second on the benchmark machine,
-    and a hot subject's row lock is held that much shorter. The price: a crash
-    of PostgreSQL (not of the application) may forget the calls of its last
-    moments (up to three ``wal_writer_delay``, 0.6 s by default), so as many
-    calls may be granted again. Calls made inside a transaction always commit
-    with it, as it is.
-
-    ``clock``: a function returning the current instant (an aware datetime) for
-    the calls and statuses given no ``at``; by default the database's clock is
-    used: ``now()``, the transaction's start, or the instant in the setting
-    ``pgcounters.now`` when it is set. Either lets tests (and replays) place
-    calls at chosen instants.
-
-    Like its connection, a ``Quotas`` is meant for one thread at a time.
+    Each operation is a plan (see :mod:`pgcounters.plans`) that the two clients run.
     """
 
     def __init__(
         self,
-        conn: Conn,
         *,
-        check_schema: bool = True,
-        synchronous_commit: bool = True,
-        clock: Callable[[], dt.datetime] | None = None,
+        check_schema: bool,
+        synchronous_commit: bool,
+        clock: Callable[[], dt.datetime] | None,
     ) -> None:
-        self.conn = conn
         self.synchronous_commit = synchronous_commit
         self.clock = clock
         self._schema_checked = not check_schema
         self._register = query("quota_register_call")
-        self._cursor: psycopg.Cursor[tuple[Any, ...]] | None = None
 
-    def _ensure_schema(self) -> None:
+    def _ensure_schema(self) -> Plan[None]:
         if not self._schema_checked:
-            schema.check(self.conn)
+            yield from schema.check_plan()
             self._schema_checked = True
 
     # -- definitions ------------------------------------------------------------
 
-    def define_quota(
+    def _define_quota(
         self,
         name: str,
-        default_limit: int | None = None,
-        *,
-        window: Window = "day",
-        time_zone: str | None = None,
-        log: bool = False,
-    ) -> Quota:
+        default_limit: int | None,
+        window: Window,
+        time_zone: str | None,
+        log: bool,
+    ) -> Plan[Quota]:
         """Define a quota, or change the default limit and logging of an existing one.
 
         ``default_limit`` applies to subjects without a limit of their own; None
@@ -358,59 +344,52 @@ class Quotas:
             )
         if not isinstance(log, bool):
             raise InvalidQuotaDefinition(f"log must be True or False, got {log!r}")
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                query("quota_define"),
-                {
-                    "name": name,
-                    "default_limit": default_limit,
-                    "period": period,
-                    "window_seconds": seconds,
-                    "time_zone": time_zone or "UTC",
-                    "log": log,
-                },
-            )
-        return self.quota(name)
+        yield from self._ensure_schema()
+        yield Execute(
+            query("quota_define"),
+            {
+                "name": name,
+                "default_limit": default_limit,
+                "period": period,
+                "window_seconds": seconds,
+                "time_zone": time_zone or "UTC",
+                "log": log,
+            },
+        )
+        return (yield from self._quota(name))
 
-    def drop_quota(self, name: str) -> bool:
+    def _drop_quota(self, name: str) -> Plan[bool]:
         """Forget a quota with its limits, usage and log. False if it did not exist."""
         check_quota_name(name)
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("quota_drop"), {"name": name})
-            row = cur.fetchone()
+        yield from self._ensure_schema()
+        row = yield Execute(query("quota_drop"), {"name": name}, "one")
         return bool(row and row[0])
 
-    def quota(self, name: str) -> Quota:
+    def _quota(self, name: str) -> Plan[Quota]:
         """The definition of ``name``."""
         check_quota_name(name)
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("quota_by_name"), {"name": name})
-            row = cur.fetchone()
+        yield from self._ensure_schema()
+        row = yield Execute(query("quota_by_name"), {"name": name}, "one")
         if row is None:
             raise UnknownQuota(f"no quota named {name!r} is defined")
         return _row_to_quota(row)
 
-    def quotas(self) -> list[Quota]:
+    def _quotas(self) -> Plan[list[Quota]]:
         """Every defined quota, by name."""
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("quota_list"))
-            return [_row_to_quota(r) for r in cur.fetchall()]
+        yield from self._ensure_schema()
+        rows = yield Execute(query("quota_list"), fetch="all")
+        return [_row_to_quota(r) for r in rows]
 
     # -- limits -----------------------------------------------------------------
 
-    def set_limit(
+    def _set_limit(
         self,
         quota: str,
         subject: str,
         limit: int,
-        *,
-        valid_from: dt.datetime | None = None,
-        valid_until: dt.datetime | None = None,
-    ) -> QuotaLimit:
+        valid_from: dt.datetime | None,
+        valid_until: dt.datetime | None,
+    ) -> Plan[QuotaLimit]:
         """Give ``subject`` its own limit over ``[valid_from, valid_until)``.
 
         None for a bound means unbounded. A range overlapping another limit of
@@ -426,50 +405,49 @@ class Quotas:
             raise InvalidQuotaLimit(
                 f"a limit must end after it starts, got [{start.isoformat()}, {end.isoformat()})"
             )
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                query("quota_set_limit"),
-                {"quota": quota, "subject": subject, "calls": limit, "from": start, "until": end},
-            )
-            row = cur.fetchone()
+        yield from self._ensure_schema()
+        row = yield Execute(
+            query("quota_set_limit"),
+            {"quota": quota, "subject": subject, "calls": limit, "from": start, "until": end},
+            "one",
+        )
         assert row is not None
         return QuotaLimit(int(row[0]), subject, limit, start, end)
 
-    def remove_limits(self, quota: str, subject: str, limit_id: int | None = None) -> int:
+    def _remove_limits(self, quota: str, subject: str, limit_id: int | None) -> Plan[int]:
         """Remove the limit ``limit_id`` of ``subject``, or all its limits. Returns how many."""
         check_quota_name(quota)
         check_subject(subject)
         if limit_id is not None:
             _check_count(limit_id, "limit_id")
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                query("quota_remove_limits"), {"quota": quota, "subject": subject, "id": limit_id}
-            )
-            row = cur.fetchone()
+        yield from self._ensure_schema()
+        row = yield Execute(
+            query("quota_remove_limits"),
+            {"quota": quota, "subject": subject, "id": limit_id},
+            "one",
+        )
         return int(row[0]) if row else 0
 
-    def limits(self, quota: str, subject: str | None = None) -> list[QuotaLimit]:
+    def _limits(self, quota: str, subject: str | None) -> Plan[list[QuotaLimit]]:
         """The limits of one subject, or of every subject, of a quota."""
-        found = self.quota(quota)
+        found = yield from self._quota(quota)
         if subject is not None:
             check_subject(subject)
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("quota_limits"), {"quota_id": found.id, "subject": subject})
-            return [QuotaLimit(int(r[0]), r[1], int(r[2]), r[3], r[4]) for r in cur.fetchall()]
+        rows = yield Execute(
+            query("quota_limits"), {"quota_id": found.id, "subject": subject}, "all"
+        )
+        return [QuotaLimit(int(r[0]), r[1], int(r[2]), r[3], r[4]) for r in rows]
 
     # -- calls ------------------------------------------------------------------
 
-    def register_call(
+    def _register_call(
         self,
         quota: str,
         subject: str,
-        cost: int = 1,
-        *,
-        at: dt.datetime | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> CallResult:
+        cost: int,
+        at: dt.datetime | None,
+        details: Mapping[str, Any] | None,
+    ) -> Plan[CallResult]:
         """Register one call of ``subject`` costing ``cost`` units; say if it is allowed.
 
         One statement: the usage row of the subject's current window is
@@ -486,24 +464,20 @@ class Quotas:
             _check_instant(at, "at")
         if details is not None and not isinstance(details, Mapping):
             raise InvalidQuotaArgument(f"details must be a mapping, got {type(details).__name__}")
-        self._ensure_schema()
-        # the hot path: one cursor kept for the calls
-        cur = self._cursor
-        if cur is None or cur.closed:
-            cur = self._cursor = self.conn.cursor(row_factory=tuple_row)
-        with translated():
-            cur.execute(
-                self._register,
-                (
-                    quota,
-                    subject,
-                    cost,
-                    at,
-                    None if details is None else Jsonb(dict(details)),
-                    self.commits_asynchronously(),
-                ),
-            )
-            row = cur.fetchone()
+        yield from self._ensure_schema()
+        conn: ConnState = yield Connection()
+        row = yield Execute(
+            self._register,
+            (
+                quota,
+                subject,
+                cost,
+                at,
+                None if details is None else Jsonb(dict(details)),
+                self._commits_asynchronously(conn),
+            ),
+            "one",
+        )
         assert row is not None
         return CallResult(
             allowed=row[0],
@@ -515,7 +489,7 @@ class Quotas:
             retry_after=row[6],
         )
 
-    def commits_asynchronously(self) -> bool:
+    def _commits_asynchronously(self, conn: ConnState) -> bool:
         """Whether the next call commits without waiting for the WAL flush.
 
         True only with ``synchronous_commit=False`` and a call that will be a
@@ -523,25 +497,244 @@ class Quotas:
         """
         return (
             not self.synchronous_commit
-            and self.conn.autocommit
-            and self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            and conn.autocommit
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         )
 
-    def status(self, quota: str, subject: str, *, at: dt.datetime | None = None) -> QuotaStatus:
+    def _status(self, quota: str, subject: str, at: dt.datetime | None) -> Plan[QuotaStatus]:
         """The usage of ``subject`` in the window containing ``at`` (default: the clock)."""
         check_quota_name(quota)
         check_subject(subject)
         if at is None and self.clock is not None:
             at = _clock_instant(self.clock)
         _check_instant(at, "at")
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("quota_status"), {"quota": quota, "subject": subject, "at": at})
-            row = cur.fetchone()
+        yield from self._ensure_schema()
+        row = yield Execute(
+            query("quota_status"), {"quota": quota, "subject": subject, "at": at}, "one"
+        )
         assert row is not None
         return QuotaStatus(*row)
 
     # -- reports and upkeep -------------------------------------------------------
+
+    def _report(
+        self,
+        quota: str,
+        subject: str | None,
+        since: dt.datetime | None,
+        until: dt.datetime | None,
+        rejected_only: bool,
+        limit: int,
+    ) -> Plan[list[WindowUsage]]:
+        """Usage per subject and window, newest windows first.
+
+        ``since`` / ``until`` keep the windows that overlap ``[since, until)``;
+        ``rejected_only`` keeps those in which some call was refused.
+        """
+        found = yield from self._quota(quota)
+        if subject is not None:
+            check_subject(subject)
+        params = {
+            "quota_id": found.id,
+            "subject": subject,
+            "since": _check_instant(since, "since"),
+            "until": _check_instant(until, "until"),
+            "rejected_only": bool(rejected_only),
+            "limit": _check_count(limit, "limit"),
+        }
+        rows = yield Execute(query("quota_report"), params, "all")
+        return [WindowUsage(*r) for r in rows]
+
+    def _top_rejected(
+        self,
+        quota: str,
+        since: dt.datetime | None,
+        until: dt.datetime | None,
+        n: int,
+    ) -> Plan[list[SubjectRejections]]:
+        """The ``n`` subjects with the most refused calls over the windows overlapping
+        ``[since, until)``."""
+        found = yield from self._quota(quota)
+        params = {
+            "quota_id": found.id,
+            "since": _check_instant(since, "since"),
+            "until": _check_instant(until, "until"),
+            "limit": _check_count(n, "n"),
+        }
+        rows = yield Execute(query("quota_top_rejected"), params, "all")
+        return [SubjectRejections(*r) for r in rows]
+
+    def _logged_calls(
+        self,
+        quota: str,
+        subject: str | None,
+        since: dt.datetime | None,
+        until: dt.datetime | None,
+        limit: int,
+    ) -> Plan[list[LoggedCall]]:
+        """Rows of the request log (quotas defined with ``log=True``), newest first."""
+        found = yield from self._quota(quota)
+        if subject is not None:
+            check_subject(subject)
+        params = {
+            "quota_id": found.id,
+            "subject": subject,
+            "since": _check_instant(since, "since"),
+            "until": _check_instant(until, "until"),
+            "limit": _check_count(limit, "limit"),
+        }
+        rows = yield Execute(query("quota_log"), params, "all")
+        # details come as text and are decoded here, whatever loaders the connection
+        # has (Django's backend loads jsonb as text)
+        return [
+            LoggedCall(r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]))
+            for r in rows
+        ]
+
+    def _purge(self, before: dt.datetime, quota: str | None) -> Plan[PurgeResult]:
+        """Remove the windows that ended at or before ``before`` and older log rows.
+
+        Of one quota, or of all. ``before`` must not be in the future: that
+        would forget windows still in use.
+        """
+        if before is None:
+            raise InvalidQuotaArgument("purge needs a cut-off datetime")
+        _check_instant(before, "before")
+        if quota is not None:
+            check_quota_name(quota)
+        yield from self._ensure_schema()
+        row = yield Execute(query("quota_purge"), {"before": before, "quota": quota}, "one")
+        assert row is not None
+        return PurgeResult(int(row[0]), int(row[1]))
+
+
+class Quotas(_QuotaPlans):
+    """Quotas kept in a PostgreSQL database, through one psycopg connection.
+
+    ``conn`` may also be a ``psycopg_pool.ConnectionPool``: each call then borrows a
+    connection and is a transaction of its own, committed when the call returns. A
+    client on a pool may be shared by any number of threads; a client on one
+    connection is for one thread at a time (or threads that mean to share that
+    connection's transaction).
+
+    ``synchronous_commit=False`` lets a call that is a transaction of its own
+    (the connection is in autocommit mode and idle) commit without waiting for
+    the WAL flush: about twice the calls per second on the benchmark machine,
+    and a hot subject's row lock is held that much shorter. The price: a crash
+    of PostgreSQL (not of the application) may forget the calls of its last
+    moments (up to three ``wal_writer_delay``, 0.6 s by default), so as many
+    calls may be granted again. Calls made inside a transaction always commit
+    with it, as it is.
+
+    ``clock``: a function returning the current instant (an aware datetime) for
+    the calls and statuses given no ``at``; by default the database's clock is
+    used: ``now()``, the transaction's start, or the instant in the setting
+    ``pgcounters.now`` when it is set. Either lets tests (and replays) place
+    calls at chosen instants.
+    """
+
+    def __init__(
+        self,
+        conn: Conn | ConnectionPool[Any],
+        *,
+        check_schema: bool = True,
+        synchronous_commit: bool = True,
+        clock: Callable[[], dt.datetime] | None = None,
+    ) -> None:
+        super().__init__(
+            check_schema=check_schema, synchronous_commit=synchronous_commit, clock=clock
+        )
+        self._pool: ConnectionPool[Any] | None = None
+        self._conn: Conn | None = None
+        if isinstance(conn, psycopg.Connection):
+            self._conn = conn
+        elif isinstance(conn, ConnectionPool):
+            self._pool = conn
+        else:
+            raise ConfigurationError(
+                "Quotas takes a psycopg Connection or a psycopg_pool.ConnectionPool, got "
+                f"{type(conn).__name__} (for an AsyncConnection, use AsyncQuotas)"
+            )
+
+    @property
+    def conn(self) -> Conn:
+        """The connection the client runs on (not for a client on a pool)."""
+        if self._conn is None:
+            raise ConfigurationError("this client borrows its connections from a pool")
+        return self._conn
+
+    @property
+    def pool(self) -> ConnectionPool[Any] | None:
+        """The pool the client borrows its connections from, if it was given one."""
+        return self._pool
+
+    def _run(self, plan: Plan[T]) -> T:
+        if self._pool is None:
+            return plans.run(plan, self.conn)
+        with self._pool.connection() as conn:
+            return plans.run(plan, conn)
+
+    def define_quota(
+        self,
+        name: str,
+        default_limit: int | None = None,
+        *,
+        window: Window = "day",
+        time_zone: str | None = None,
+        log: bool = False,
+    ) -> Quota:
+        return self._run(self._define_quota(name, default_limit, window, time_zone, log))
+
+    def drop_quota(self, name: str) -> bool:
+        return self._run(self._drop_quota(name))
+
+    def quota(self, name: str) -> Quota:
+        return self._run(self._quota(name))
+
+    def quotas(self) -> list[Quota]:
+        return self._run(self._quotas())
+
+    def set_limit(
+        self,
+        quota: str,
+        subject: str,
+        limit: int,
+        *,
+        valid_from: dt.datetime | None = None,
+        valid_until: dt.datetime | None = None,
+    ) -> QuotaLimit:
+        return self._run(self._set_limit(quota, subject, limit, valid_from, valid_until))
+
+    def remove_limits(self, quota: str, subject: str, limit_id: int | None = None) -> int:
+        return self._run(self._remove_limits(quota, subject, limit_id))
+
+    def limits(self, quota: str, subject: str | None = None) -> list[QuotaLimit]:
+        return self._run(self._limits(quota, subject))
+
+    def register_call(
+        self,
+        quota: str,
+        subject: str,
+        cost: int = 1,
+        *,
+        at: dt.datetime | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> CallResult:
+        return self._run(self._register_call(quota, subject, cost, at, details))
+
+    def commits_asynchronously(self) -> bool:
+        """Whether the next call commits without waiting for the WAL flush.
+
+        True only with ``synchronous_commit=False`` and a call that will be a
+        transaction of its own: an autocommit connection outside any transaction
+        (on a pool: connections opened in autocommit mode).
+        """
+        if self._pool is None:
+            return self._commits_asynchronously(self.conn)
+        return not self.synchronous_commit and _autocommit_pool(self._pool.kwargs)
+
+    def status(self, quota: str, subject: str, *, at: dt.datetime | None = None) -> QuotaStatus:
+        return self._run(self._status(quota, subject, at))
 
     def report(
         self,
@@ -553,25 +746,7 @@ class Quotas:
         rejected_only: bool = False,
         limit: int = 1000,
     ) -> list[WindowUsage]:
-        """Usage per subject and window, newest windows first.
-
-        ``since`` / ``until`` keep the windows that overlap ``[since, until)``;
-        ``rejected_only`` keeps those in which some call was refused.
-        """
-        found = self.quota(quota)
-        if subject is not None:
-            check_subject(subject)
-        params = {
-            "quota_id": found.id,
-            "subject": subject,
-            "since": _check_instant(since, "since"),
-            "until": _check_instant(until, "until"),
-            "rejected_only": bool(rejected_only),
-            "limit": _check_count(limit, "limit"),
-        }
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("quota_report"), params)
-            return [WindowUsage(*r) for r in cur.fetchall()]
+        return self._run(self._report(quota, subject, since, until, rejected_only, limit))
 
     def top_rejected(
         self,
@@ -581,18 +756,7 @@ class Quotas:
         until: dt.datetime | None = None,
         n: int = 10,
     ) -> list[SubjectRejections]:
-        """The ``n`` subjects with the most refused calls over the windows overlapping
-        ``[since, until)``."""
-        found = self.quota(quota)
-        params = {
-            "quota_id": found.id,
-            "since": _check_instant(since, "since"),
-            "until": _check_instant(until, "until"),
-            "limit": _check_count(n, "n"),
-        }
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("quota_top_rejected"), params)
-            return [SubjectRejections(*r) for r in cur.fetchall()]
+        return self._run(self._top_rejected(quota, since, until, n))
 
     def logged_calls(
         self,
@@ -603,40 +767,161 @@ class Quotas:
         until: dt.datetime | None = None,
         limit: int = 1000,
     ) -> list[LoggedCall]:
-        """Rows of the request log (quotas defined with ``log=True``), newest first."""
-        found = self.quota(quota)
-        if subject is not None:
-            check_subject(subject)
-        params = {
-            "quota_id": found.id,
-            "subject": subject,
-            "since": _check_instant(since, "since"),
-            "until": _check_instant(until, "until"),
-            "limit": _check_count(limit, "limit"),
-        }
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("quota_log"), params)
-            # details come as text and are decoded here, whatever loaders the connection
-            # has (Django's backend loads jsonb as text)
-            return [
-                LoggedCall(r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]))
-                for r in cur.fetchall()
-            ]
+        return self._run(self._logged_calls(quota, subject, since, until, limit))
 
     def purge(self, before: dt.datetime, quota: str | None = None) -> PurgeResult:
-        """Remove the windows that ended at or before ``before`` and older log rows.
+        return self._run(self._purge(before, quota))
 
-        Of one quota, or of all. ``before`` must not be in the future: that
-        would forget windows still in use.
-        """
-        if before is None:
-            raise InvalidQuotaArgument("purge needs a cut-off datetime")
-        _check_instant(before, "before")
-        if quota is not None:
-            check_quota_name(quota)
-        self._ensure_schema()
-        with translated(), self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query("quota_purge"), {"before": before, "quota": quota})
-            row = cur.fetchone()
-        assert row is not None
-        return PurgeResult(int(row[0]), int(row[1]))
+
+class AsyncQuotas(_QuotaPlans):
+    """:class:`Quotas` on a psycopg ``AsyncConnection`` or ``AsyncConnectionPool``.
+
+    The same methods, arguments, results and errors, awaited (``commits_asynchronously``,
+    which reads no data, is not awaited). On a pool, each call borrows a connection and
+    commits when it returns; such a client may be shared by every task of the loop.
+    """
+
+    def __init__(
+        self,
+        conn: AsyncConn | AsyncConnectionPool[Any],
+        *,
+        check_schema: bool = True,
+        synchronous_commit: bool = True,
+        clock: Callable[[], dt.datetime] | None = None,
+    ) -> None:
+        super().__init__(
+            check_schema=check_schema, synchronous_commit=synchronous_commit, clock=clock
+        )
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._conn: AsyncConn | None = None
+        if isinstance(conn, psycopg.AsyncConnection):
+            self._conn = conn
+        elif isinstance(conn, AsyncConnectionPool):
+            self._pool = conn
+        else:
+            raise ConfigurationError(
+                "AsyncQuotas takes a psycopg AsyncConnection or a "
+                f"psycopg_pool.AsyncConnectionPool, got {type(conn).__name__} "
+                "(for a Connection, use Quotas)"
+            )
+
+    @property
+    def conn(self) -> AsyncConn:
+        """The connection the client runs on (not for a client on a pool)."""
+        if self._conn is None:
+            raise ConfigurationError("this client borrows its connections from a pool")
+        return self._conn
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any] | None:
+        """The pool the client borrows its connections from, if it was given one."""
+        return self._pool
+
+    async def _run(self, plan: Plan[T]) -> T:
+        if self._pool is None:
+            return await plans.run_async(plan, self.conn)
+        async with self._pool.connection() as conn:
+            return await plans.run_async(plan, conn)
+
+    async def define_quota(
+        self,
+        name: str,
+        default_limit: int | None = None,
+        *,
+        window: Window = "day",
+        time_zone: str | None = None,
+        log: bool = False,
+    ) -> Quota:
+        return await self._run(self._define_quota(name, default_limit, window, time_zone, log))
+
+    async def drop_quota(self, name: str) -> bool:
+        return await self._run(self._drop_quota(name))
+
+    async def quota(self, name: str) -> Quota:
+        return await self._run(self._quota(name))
+
+    async def quotas(self) -> list[Quota]:
+        return await self._run(self._quotas())
+
+    async def set_limit(
+        self,
+        quota: str,
+        subject: str,
+        limit: int,
+        *,
+        valid_from: dt.datetime | None = None,
+        valid_until: dt.datetime | None = None,
+    ) -> QuotaLimit:
+        return await self._run(self._set_limit(quota, subject, limit, valid_from, valid_until))
+
+    async def remove_limits(self, quota: str, subject: str, limit_id: int | None = None) -> int:
+        return await self._run(self._remove_limits(quota, subject, limit_id))
+
+    async def limits(self, quota: str, subject: str | None = None) -> list[QuotaLimit]:
+        return await self._run(self._limits(quota, subject))
+
+    async def register_call(
+        self,
+        quota: str,
+        subject: str,
+        cost: int = 1,
+        *,
+        at: dt.datetime | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> CallResult:
+        return await self._run(self._register_call(quota, subject, cost, at, details))
+
+    def commits_asynchronously(self) -> bool:
+        if self._pool is None:
+            return self._commits_asynchronously(self.conn)
+        return not self.synchronous_commit and _autocommit_pool(self._pool.kwargs)
+
+    async def status(
+        self, quota: str, subject: str, *, at: dt.datetime | None = None
+    ) -> QuotaStatus:
+        return await self._run(self._status(quota, subject, at))
+
+    async def report(
+        self,
+        quota: str,
+        *,
+        subject: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        rejected_only: bool = False,
+        limit: int = 1000,
+    ) -> list[WindowUsage]:
+        return await self._run(self._report(quota, subject, since, until, rejected_only, limit))
+
+    async def top_rejected(
+        self,
+        quota: str,
+        *,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        n: int = 10,
+    ) -> list[SubjectRejections]:
+        return await self._run(self._top_rejected(quota, since, until, n))
+
+    async def logged_calls(
+        self,
+        quota: str,
+        *,
+        subject: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        limit: int = 1000,
+    ) -> list[LoggedCall]:
+        return await self._run(self._logged_calls(quota, subject, since, until, limit))
+
+    async def purge(self, before: dt.datetime, quota: str | None = None) -> PurgeResult:
+        return await self._run(self._purge(before, quota))
+
+
+def _autocommit_pool(kwargs: object) -> bool:
+    """True when a pool opens its connections in autocommit mode (kwargs given as a dict)."""
+    return isinstance(kwargs, dict) and bool(kwargs.get("autocommit"))
+
+
+share_docs(_QuotaPlans, Quotas, AsyncQuotas)
+AsyncQuotas.commits_asynchronously.__doc__ = Quotas.commits_asynchronously.__doc__

@@ -16,10 +16,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from pgcounters import sqlfiles
+from pgcounters import plans, sqlfiles
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import SchemaNotInstalled, SchemaVersionMismatch
+from pgcounters.plans import Execute, Plan
 
 
 @dataclass(frozen=True)
@@ -32,25 +33,27 @@ class SchemaState:
         return self.installed == self.expected
 
 
+def installed_version_plan() -> Plan[int | None]:
+    """The installed schema version, None when the schema is not installed."""
+    row = yield Execute(sqlfiles.query("schema_exists"), fetch="one")
+    if row is None or not row[0]:
+        return None
+    row = yield Execute(sqlfiles.query("installed_version"), fetch="one")
+    return int(row[0]) if row else None
+
+
 def installed_version(conn: Conn) -> int | None:
     """The installed schema version, None when the schema is not installed."""
-    with translated(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(sqlfiles.query("schema_exists"))
-        row = cur.fetchone()
-        if row is None or not row[0]:
-            return None
-        cur.execute(sqlfiles.query("installed_version"))
-        row = cur.fetchone()
-        return int(row[0]) if row else None
+    return plans.run(installed_version_plan(), conn)
 
 
 def state(conn: Conn) -> SchemaState:
     return SchemaState(installed_version(conn), sqlfiles.latest_version())
 
 
-def check(conn: Conn) -> None:
+def check_plan() -> Plan[None]:
     """Raise unless the installed schema is exactly the version this code expects."""
-    current = state(conn)
+    current = SchemaState((yield from installed_version_plan()), sqlfiles.latest_version())
     if current.installed is None:
         raise SchemaNotInstalled()
     if current.installed < current.expected:
@@ -63,6 +66,11 @@ def check(conn: Conn) -> None:
             f"the pgcounters schema is at version {current.installed}, newer than this code "
             f"({current.expected}): upgrade the pgcounters package"
         )
+
+
+def check(conn: Conn) -> None:
+    """Raise unless the installed schema is exactly the version this code expects."""
+    plans.run(check_plan(), conn)
 
 
 def _apply(conn: Conn, *, only_if_fresh: bool) -> list[int]:

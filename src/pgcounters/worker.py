@@ -40,7 +40,7 @@ import psycopg
 from psycopg import errors as pg
 
 from pgcounters import backfill, schema
-from pgcounters.client import Counters, record_retry, retry_reason
+from pgcounters.client import BatchResult, Counters, record_retry, retry_reason
 from pgcounters.config import connect, redact
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
@@ -249,19 +249,11 @@ class Worker:
                     logger.error("draining failed, retrying in %gs: %s", s.max_interval, exc)
                     self._wait(conn, s.max_interval)
                     continue
-                if got or full:
-                    # deltas found: go on, at once after a full batch. A batch may be short
-                    # while more are queued (the range claim skips ids of rolled-back
-                    # inserts and of rows other drainers took), so no round waits more than
-                    # the linger before looking again.
-                    interval = s.min_interval
-                    if not full and s.linger and self._trickle:
-                        self._stop.wait(s.linger)
-                    continue
-                self._wait(conn, interval)
-                # deltas left for rows other transactions hold: look again soon (a
-                # batch of them costs a few rows), so they follow the row's release
-                interval = s.min_interval if busy else min(interval * 2, s.max_interval)
+                wait, notified, interval = self._pace(got, full, busy, interval)
+                if wait and notified:
+                    self._wait(conn, wait)
+                elif wait:
+                    self._stop.wait(wait)
         finally:
             if conn is not None:
                 conn.close()
@@ -340,20 +332,47 @@ class Worker:
             return conn
         return None
 
+    def _pace(self, got: int, full: bool, busy: bool, interval: float) -> tuple[float, bool, float]:
+        """After a round: (seconds to wait now, 0 for none; whether a wake-up notification
+        ends that wait early; the next idle interval)."""
+        s = self.settings
+        if got or full:
+            # deltas found: go on, at once after a full batch. A batch may be short
+            # while more are queued (the range claim skips ids of rolled-back
+            # inserts and of rows other drainers took), so no round waits more than
+            # the linger before looking again (a linger is not cut short by the
+            # notifications of the deltas it waits for).
+            if not full and s.linger and self._trickle:
+                return s.linger, False, s.min_interval
+            return 0.0, False, s.min_interval
+        # deltas left for rows other transactions hold: look again soon (a
+        # batch of them costs a few rows), so they follow the row's release
+        return interval, True, s.min_interval if busy else min(interval * 2, s.max_interval)
+
     def _failed(self, conn: Conn, exc: psycopg.Error) -> Conn | None:
         """Handle a driver error of a round; return the connection to go on with, or None."""
+        lost = conn.broken or conn.closed
+        reason = self._judge_failure(exc, lost=lost)
+        if lost:
+            conn.close()
+            return None
+        if reason is not None:
+            record_retry(conn, "drain", reason)
+        return conn
+
+    def _judge_failure(self, exc: psycopg.Error, *, lost: bool) -> str | None:
+        """Count, log and classify a driver error of a round: raise WorkerError if retrying
+        cannot fix it; return the reason of an aborted batch to record as a retry."""
         self._count_error()
         if isinstance(exc, _FATAL):
             raise WorkerError(f"the worker cannot drain: {exc}") from exc
-        if conn.broken or conn.closed:
+        if lost:
             logger.warning("lost the connection to PostgreSQL: %s", str(exc).strip() or exc)
-            conn.close()
             return None
         if isinstance(exc, _ABORTED):
             # PostgreSQL aborted the batch (nothing of it was applied): a retry, counted for
             # `status` and Prometheus like recount's and verify's
             reason = retry_reason(exc)
-            record_retry(conn, "drain", reason)
             if isinstance(exc, pg.QueryCanceled) and self._batch_size > MIN_BATCH_SIZE:
                 self._batch_size = max(MIN_BATCH_SIZE, self._batch_size // 2)
                 with self._lock:
@@ -365,9 +384,9 @@ class Worker:
                 )
             else:
                 logger.warning("a drain batch was aborted (%s) and is retried", reason)
-            return conn
+            return reason
         logger.error("draining failed, retrying: %s", str(exc).strip() or exc)
-        return conn
+        return None
 
     def _count_error(self) -> None:
         with self._lock:
@@ -393,35 +412,10 @@ class Worker:
             if not holding[unlogged]:
                 continue
             batch = pc.drain_queue_batch(self._batch_size, unlogged=unlogged)
-            deltas = batch.deltas + batch.quarantined
-            # deltas left busy with more queued ahead of them: go on at once
-            got += deltas + (batch.busy if batch.ahead else 0)
-            full = full or deltas + batch.busy >= self._batch_size
-            queue = "unlogged" if unlogged else "logged"
-            if deltas:
-                with self._lock:
-                    st = self._stats
-                    st.batches += 1
-                    st.deltas += batch.deltas
-                    st.keys += batch.keys
-                    st.quarantined += batch.quarantined
-                    st.last_batch_at = time.time()
-                logger.debug(
-                    "applied %d deltas to %d keys (%s queue)", batch.deltas, batch.keys, queue
-                )
-            if batch.busy:
-                busy = True
-                with self._lock:
-                    self._stats.busy += batch.busy
-                logger.debug(
-                    "%d deltas left queued: their parent rows are held by other transactions "
-                    "(%s queue)", batch.busy, queue,
-                )  # fmt: skip
-            if batch.quarantined:
-                logger.warning(
-                    "%d deltas could not be applied and were set aside (%s queue): "
-                    "see `pgcounters quarantine list`", batch.quarantined, queue,
-                )  # fmt: skip
+            batch_got, batch_full, batch_busy = self._note_batch(batch, unlogged)
+            got += batch_got
+            full = full or batch_full
+            busy = busy or batch_busy
         self._trickle = got > 0
         now = time.monotonic()
         if (
@@ -440,10 +434,46 @@ class Worker:
             except PermissionDenied as exc:
                 self._backfills = False
                 logger.warning("backfills left to others: %s (see `pgcounters grant`)", exc)
+        self._end_round()
+        return got, full, busy
+
+    def _note_batch(self, batch: BatchResult, unlogged: bool) -> tuple[int, bool, bool]:
+        """Count and log one drain batch: (deltas it settled, whether it was full, whether
+        it left deltas busy)."""
+        deltas = batch.deltas + batch.quarantined
+        # deltas left busy with more queued ahead of them: go on at once
+        got = deltas + (batch.busy if batch.ahead else 0)
+        full = deltas + batch.busy >= self._batch_size
+        busy = False
+        queue = "unlogged" if unlogged else "logged"
+        if deltas:
+            with self._lock:
+                st = self._stats
+                st.batches += 1
+                st.deltas += batch.deltas
+                st.keys += batch.keys
+                st.quarantined += batch.quarantined
+                st.last_batch_at = time.time()
+            logger.debug("applied %d deltas to %d keys (%s queue)", batch.deltas, batch.keys, queue)
+        if batch.busy:
+            busy = True
+            with self._lock:
+                self._stats.busy += batch.busy
+            logger.debug(
+                "%d deltas left queued: their parent rows are held by other transactions "
+                "(%s queue)", batch.busy, queue,
+            )  # fmt: skip
+        if batch.quarantined:
+            logger.warning(
+                "%d deltas could not be applied and were set aside (%s queue): "
+                "see `pgcounters quarantine list`", batch.quarantined, queue,
+            )  # fmt: skip
+        return got, full, busy
+
+    def _end_round(self) -> None:
         with self._lock:
             self._stats.rounds += 1
         self._maybe_summarise()
-        return got, full, busy
 
     def _maybe_summarise(self) -> None:
         every = self.settings.log_every

@@ -12,6 +12,13 @@ increment rolled back with it is gone) and need no connection of their own::
     posts_per_user.top(10)                  # [((user_id,), n), ...] by stored value
     posts_per_user.incr(request.user, 2)    # by hand (declared counters count rows by themselves)
 
+In an async view, ``aget``, ``aget_many``, ``atop`` and ``aincr`` are awaited: as
+Django's own async ORM methods do, they run the call in the thread that holds
+Django's connection (``sync_to_async``, thread-sensitive), so they see and join
+the same connection and transaction as the ORM calls of the request::
+
+    value = await posts_per_user.aget(request.user)
+
 A key is what the counter is keyed by: a model instance (its primary key is
 used), a value, a tuple for a composite key, nothing for a global counter.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable
 
+from asgiref.sync import sync_to_async
 from django.db import models
 
 from pgcounters.client import Counters
@@ -70,3 +78,30 @@ def top(name: str, n: int = 10, *, using: str = "default") -> list[tuple[Key, in
 def incr(name: str, key: object = None, delta: int = 1, *, using: str = "default") -> int | None:
     """Add ``delta`` to a named counter, in the current transaction."""
     return client(using).incr(name, key_of(key), delta)
+
+
+async def aget(name: str, key: object = None, *, exact: bool = True, using: str = "default") -> int:
+    """:func:`get` from async code, on Django's connection (see the module's docstring)."""
+    return await sync_to_async(get, thread_sensitive=True)(name, key, exact=exact, using=using)
+
+
+async def aget_many(
+    name: str, keys: Iterable[object], *, exact: bool = True, using: str = "default"
+) -> list[int]:
+    """:func:`get_many` from async code, on Django's connection."""
+    keys = list(keys)  # an iterable of the caller's, consumed here, not in the other thread
+    return await sync_to_async(get_many, thread_sensitive=True)(
+        name, keys, exact=exact, using=using
+    )
+
+
+async def atop(name: str, n: int = 10, *, using: str = "default") -> list[tuple[Key, int]]:
+    """:func:`top` from async code, on Django's connection."""
+    return await sync_to_async(top, thread_sensitive=True)(name, n, using=using)
+
+
+async def aincr(
+    name: str, key: object = None, delta: int = 1, *, using: str = "default"
+) -> int | None:
+    """:func:`incr` from async code, on Django's connection (in its current transaction)."""
+    return await sync_to_async(incr, thread_sensitive=True)(name, key, delta, using=using)

@@ -357,6 +357,46 @@ class NamedCounter:
 
         return counters.incr(self.name, key, delta, using=using)
 
+    # the same from async code (awaited; on Django's connection, as its async ORM methods)
+
+    async def aget(self, key: object = None, *, exact: bool = True, using: str = "default") -> int:
+        """:meth:`get`, awaited."""
+        from pgcounters.contrib.django import counters
+
+        return await counters.aget(self.name, key, exact=exact, using=using)
+
+    async def aget_decimal(
+        self, key: object = None, *, exact: bool = True, using: str = "default"
+    ) -> Decimal:
+        """:meth:`get_decimal`, awaited."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.get_decimal, thread_sensitive=True)(
+            key, exact=exact, using=using
+        )
+
+    async def aget_many(
+        self, keys: Iterable[object], *, exact: bool = True, using: str = "default"
+    ) -> list[int]:
+        """:meth:`get_many`, awaited."""
+        from pgcounters.contrib.django import counters
+
+        return await counters.aget_many(self.name, keys, exact=exact, using=using)
+
+    async def atop(self, n: int = 10, *, using: str = "default") -> list[tuple[Key, int]]:
+        """:meth:`top`, awaited."""
+        from pgcounters.contrib.django import counters
+
+        return await counters.atop(self.name, n, using=using)
+
+    async def aincr(
+        self, key: object = None, delta: int = 1, *, using: str = "default"
+    ) -> int | None:
+        """:meth:`incr`, awaited."""
+        from pgcounters.contrib.django import counters
+
+        return await counters.aincr(self.name, key, delta, using=using)
+
 
 _named: dict[str, NamedCounter] = {}
 

@@ -21,10 +21,9 @@ Settings (all optional, prefixed ``PGCOUNTERS_RATELIMIT_``) are described in
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, TypeVar, cast
+from typing import Any, TypeAlias, TypeVar, cast
 
 from django.conf import settings as django_settings
 from django.http import HttpRequest, HttpResponse
@@ -33,13 +32,12 @@ from django.utils.module_loading import import_string
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.errors import SettingsError
 from pgcounters.quotas import CallResult, Quotas
+from pgcounters.ratelimit import HEADER_STYLES, HeaderStyle, rate_limit_headers, retry_after
 
 KeyFunc: TypeAlias = Callable[[HttpRequest], "str | None"]
 Key: TypeAlias = str | KeyFunc
 """``"user"``, ``"ip"``, ``"user_or_ip"``, ``"header:<Name>"``, or a callable."""
 Cost: TypeAlias = int | Callable[[HttpRequest], int]
-HeaderStyle: TypeAlias = Literal["ratelimit", "x-ratelimit", "both", "none"]
-HEADER_STYLES: tuple[HeaderStyle, ...] = ("ratelimit", "x-ratelimit", "both", "none")
 ResponseFactory: TypeAlias = Callable[[HttpRequest, CallResult], HttpResponse]
 V = TypeVar("V")
 
@@ -163,21 +161,6 @@ def subject_for(request: HttpRequest, key: Key, config: RateLimitSettings) -> st
     return f"ip:{ip}" if ip else None
 
 
-def rate_limit_headers(result: CallResult, style: HeaderStyle) -> dict[str, str]:
-    """The rate-limit headers of a decision (without ``Retry-After``)."""
-    reset = max(math.ceil(result.retry_after), 0)
-    out: dict[str, str] = {}
-    if style in ("ratelimit", "both"):
-        out["RateLimit-Limit"] = str(result.limit)
-        out["RateLimit-Remaining"] = str(result.remaining)
-        out["RateLimit-Reset"] = str(reset)
-    if style in ("x-ratelimit", "both"):
-        out["X-RateLimit-Limit"] = str(result.limit)
-        out["X-RateLimit-Remaining"] = str(result.remaining)
-        out["X-RateLimit-Reset"] = str(math.ceil(result.window_end.timestamp()))
-    return out
-
-
 def too_many_requests(request: HttpRequest, result: CallResult) -> HttpResponse:
     """The default answer to a refused call."""
     return HttpResponse("Too Many Requests\n", status=429, content_type="text/plain; charset=utf-8")
@@ -224,7 +207,7 @@ def _finish(
     request.ratelimit = result  # type: ignore[attr-defined]
     if result is not None and not result.allowed and block:
         response = (config.response or too_many_requests)(request, result)
-        response["Retry-After"] = str(max(math.ceil(result.retry_after), 1))
+        response["Retry-After"] = retry_after(result)
     else:
         response = get_response()
     if result is not None:

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pgcounters.demos.bench import (
+    asyncapi,
     blog,
     columns,
     drain,
@@ -85,6 +86,7 @@ SCENARIOS: dict[str, Runner] = {
     "sql-increment": sqlincr.sql_increment,
     "counters-per-table": width.counters_per_table,
     "worker-cost": worker_cost.worker_cost,
+    "async": asyncapi.async_api,
 }
 
 ON_REQUEST = frozenset({"sharded"})

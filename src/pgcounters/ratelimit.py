@@ -1,0 +1,57 @@
+"""What every rate limiter on pgcounters quotas shares, whatever the web framework.
+
+The headers of a decision (``RateLimit-*``, ``X-RateLimit-*``, ``Retry-After``) and rate
+strings (``"1000/day"``, ``"10/minute"``, ``"100/15m"``). The Django decorator and
+middleware (``pgcounters.contrib.django.ratelimit``) and the ASGI middleware
+(``pgcounters.contrib.asgi``) answer alike because they use these.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, TypeAlias
+
+from pgcounters.errors import InvalidQuotaDefinition
+from pgcounters.quotas import CallResult, Window, parse_window
+
+HeaderStyle: TypeAlias = Literal["ratelimit", "x-ratelimit", "both", "none"]
+HEADER_STYLES: tuple[HeaderStyle, ...] = ("ratelimit", "x-ratelimit", "both", "none")
+
+
+def rate_limit_headers(result: CallResult, style: HeaderStyle) -> dict[str, str]:
+    """The rate-limit headers of a decision (without ``Retry-After``)."""
+    reset = max(math.ceil(result.retry_after), 0)
+    out: dict[str, str] = {}
+    if style in ("ratelimit", "both"):
+        out["RateLimit-Limit"] = str(result.limit)
+        out["RateLimit-Remaining"] = str(result.remaining)
+        out["RateLimit-Reset"] = str(reset)
+    if style in ("x-ratelimit", "both"):
+        out["X-RateLimit-Limit"] = str(result.limit)
+        out["X-RateLimit-Remaining"] = str(result.remaining)
+        out["X-RateLimit-Reset"] = str(math.ceil(result.window_end.timestamp()))
+    return out
+
+
+def retry_after(result: CallResult) -> str:
+    """The ``Retry-After`` of a refused call: whole seconds until its window ends, at least 1."""
+    return str(max(math.ceil(result.retry_after), 1))
+
+
+def parse_rate(rate: str) -> tuple[int, Window]:
+    """``(calls, window)`` of a rate string: ``"1000/day"``, ``"10/minute"``, ``"5/15m"``.
+
+    The window is anything :func:`pgcounters.quotas.parse_window` reads (``second``,
+    ``minute``, ``hour``, ``day``, ``week``, ``month``, or a duration such as ``90s``).
+    """
+    if not isinstance(rate, str) or rate.count("/") != 1:
+        raise InvalidQuotaDefinition(
+            f"invalid rate {rate!r}: write calls/window, such as 1000/day or 10/minute"
+        )
+    calls_text, window = (part.strip() for part in rate.split("/"))
+    if not calls_text.isascii() or not calls_text.isdigit() or int(calls_text) < 1:
+        raise InvalidQuotaDefinition(
+            f"invalid rate {rate!r}: the number of calls must be a positive integer"
+        )
+    parse_window(window)  # raises for a window it cannot read
+    return int(calls_text), window
