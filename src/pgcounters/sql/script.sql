@@ -6,7 +6,7 @@
 -- name: script_begin
 -- the opening of a script: one transaction, one install or upgrade at a time
 BEGIN;
-SELECT pg_advisory_xact_lock(hashtext('pgcounters.install'));
+DO $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('pgcounters.install')); END $$;
 
 -- name: script_expect_absent
 -- an install script refuses a database where the schema is installed already
