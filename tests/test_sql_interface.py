@@ -10,6 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from catalog import differences, snapshot
 from pgcounters import Counters, schema, sqlfiles
@@ -348,3 +349,46 @@ def test_upgrade_moves_btree_gist_out_of_the_schema(empty_dsn: str) -> None:
                 sql.Literal("bob")
             )
         ).fetchone() == (1,)
+
+
+def test_upgrade_leaves_btree_gist_in_use_by_the_database_owner_alone(empty_dsn: str) -> None:
+    """An owner who is not a superuser cannot move the extension's objects: version 16
+    creates it again in its own schema (test_schema_sql compares that road), unless the
+    database's own objects use it: then it stays, and both the user's constraint and the
+    quotas' keep working."""
+    database = conninfo_to_dict(empty_dsn)["dbname"]
+    with login_role(empty_dsn, "owner") as (role, as_role):
+        with psycopg.connect(empty_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+                    sql.Identifier(str(database)), sql.Identifier(role)
+                )
+            )
+            admin.execute(
+                sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(role))
+            )
+        try:
+            _at_version(as_role, 15)
+            with psycopg.connect(as_role, autocommit=True) as conn:
+                # the owner's own table uses btree_gist's operator classes
+                conn.execute(
+                    "CREATE TABLE public.bookings (room integer, during tstzrange,"
+                    " EXCLUDE USING gist (room WITH =, during WITH &&))"
+                )
+                notices: list[str] = []
+                conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+                assert schema.upgrade(conn) == [16]
+                assert any("btree_gist stays" in n for n in notices), notices
+                conn.execute("INSERT INTO public.bookings VALUES (1, '[2026-01-01,2026-01-02)')")
+                with pytest.raises(psycopg.errors.ExclusionViolation):
+                    conn.execute(
+                        "INSERT INTO public.bookings VALUES (1, '[2026-01-01,2026-01-03)')"
+                    )
+                conn.execute("SELECT pgcounters.define_quota('calls', 10, 'day')")
+                conn.execute("SELECT pgcounters.set_limit('calls', 'eve', 5)")
+                with pytest.raises(psycopg.Error):
+                    conn.execute("SELECT pgcounters.set_limit('calls', 'eve', 6)")
+                conn.execute("DROP TABLE public.bookings")
+        finally:
+            with psycopg.connect(empty_dsn, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
