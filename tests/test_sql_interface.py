@@ -201,6 +201,10 @@ def test_get_many_reads_exact_values_in_the_order_given(conn: Conn) -> None:
     ).fetchall()
     assert [(k, int(v)) for k, v in nested] == [(["1", "a"], 4), (["2", "a"], 0), (["1", "a"], 4)]
     assert conn.execute("SELECT * FROM pgcounters.get_many('many', '{}')").fetchall() == []
+    pc.create_counter("everything")
+    with pytest.raises(psycopg.Error) as global_counter:
+        conn.execute("SELECT * FROM pgcounters.get_many('everything', '{a}')")
+    assert "is global" in str(global_counter.value)
     for bad in ("{1,a}", "{{1},{2}}"):
         with pytest.raises(psycopg.Error) as refused:
             conn.execute("SELECT * FROM pgcounters.get_many('pairs', %s::text[])", (bad,))

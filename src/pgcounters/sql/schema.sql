@@ -730,6 +730,11 @@ BEGIN
     IF p_keys IS NULL OR cardinality(p_keys) = 0 THEN
         RETURN;
     END IF;
+    IF v_parts = 0 THEN
+        RAISE EXCEPTION 'counter % is global (it takes no key): read it with pgcounters.get',
+            t.name
+            USING ERRCODE = 'PC004';
+    END IF;
     IF array_ndims(p_keys) = 1 AND v_parts = 1 THEN
         FOR i IN array_lower(p_keys, 1) .. array_upper(p_keys, 1) LOOP
             v_canonical := pgcounters._canonical_key(t, ARRAY[p_keys[i]]);
