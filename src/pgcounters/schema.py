@@ -10,6 +10,7 @@ the same schema.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from psycopg.rows import tuple_row
 from pgcounters import plans, sqlfiles
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import SchemaNotInstalled, SchemaVersionMismatch
+from pgcounters.errors import InvalidArgument, SchemaNotInstalled, SchemaVersionMismatch
 from pgcounters.plans import Execute, Plan
 
 
@@ -152,3 +153,61 @@ def upgrade(conn: Conn) -> list[int]:
     """Apply every migration newer than the installed version (on a database without the
     schema: install it). Returns the versions applied."""
     return _apply(conn, only_if_fresh=False)
+
+
+_PLACEHOLDER_RE = re.compile(r":(version|name)\b")
+
+
+def _script_block(name: str, version: int = 0, migration_name: str = "") -> str:
+    """One block of ``script.sql``, its ``:version`` and ``:name`` filled in (a number and
+    a quoted literal: nothing else is written into the script)."""
+    literal = "'" + migration_name.replace("'", "''") + "'"
+    values = {"version": str(int(version)), "name": literal}
+    text = sqlfiles.named("script.sql")[name]
+    return _PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text).rstrip() + ";\n"
+
+
+def script(from_version: int | None = None) -> str:
+    """The schema as a plain SQL script, for psql or any migration tool.
+
+    With no ``from_version``: the install script, ``schema.sql`` and any migration newer
+    than it, every version recorded as applied. With ``from_version``: the upgrade script
+    from that version, the migrations after it, each recorded. Either is one transaction
+    under the advisory lock :func:`install` and :func:`upgrade` take, and refuses (raises
+    an error, changing nothing) a database it was not written for: an install script one
+    where the schema exists, an upgrade script one at another version.
+    """
+    latest = sqlfiles.latest_version()
+    if from_version is not None and (
+        isinstance(from_version, bool)
+        or not isinstance(from_version, int)
+        or not 1 <= from_version <= latest
+    ):
+        raise InvalidArgument(
+            f"the version to upgrade from must be between 1 and {latest}, got {from_version!r}"
+        )
+    parts = [
+        f"-- pgcounters schema version {latest}: "
+        + ("install script" if from_version is None else f"upgrade from version {from_version}")
+        + "\n",
+        _script_block("script_begin"),
+    ]
+    after = from_version
+    if from_version is None:
+        current = sqlfiles.schema()
+        parts += [_script_block("script_expect_absent"), current.sql.rstrip() + "\n"]
+        for migration in sqlfiles.migrations():
+            if migration.version <= current.version:
+                parts.append(_script_block("script_record", migration.version, migration.name))
+        after = current.version
+    else:
+        parts.append(_script_block("script_expect_version", from_version))
+    for migration in sqlfiles.migrations():
+        if after is not None and migration.version > after:
+            parts += [
+                f"\n-- migration {migration.filename}\n",
+                migration.sql.rstrip() + "\n",
+                _script_block("script_record", migration.version, migration.name),
+            ]
+    parts.append(_script_block("script_commit"))
+    return "\n".join(parts)

@@ -1,7 +1,7 @@
 """The ``pgcounters`` command line. One parser, reused by ``manage.py pgcounters``.
 
 Each group of verbs lives in a module of its own, with a ``configure_<group>(subparsers)``
-adding its verbs: :mod:`~pgcounters.cli.operations` (install, upgrade, version, drain,
+adding its verbs: :mod:`~pgcounters.cli.operations` (install, upgrade, version, schema, drain,
 worker, status, wakeup, flush), :mod:`~pgcounters.cli.counters` (create, drop, list,
 backfill, incr, get, top), :mod:`~pgcounters.cli.quotas` (``quota VERB``),
 :mod:`~pgcounters.cli.repair` (verify, recount, ``quarantine VERB``),

@@ -117,6 +117,9 @@ def run_verb(args: argparse.Namespace, prog: str) -> int:
     """Run the verb the arguments name; library errors become one line and an exit code."""
     handler: Handler = args.handler
     try:
+        if getattr(args, "no_database", False):
+            # a verb that only prints what the package holds (schema --sql)
+            return handler(args, "")
         # with no DSN, an embedded server, said on stderr; demo, bench and server say
         # themselves which database they use
         with database(args.dsn, args.data_dir, quiet=args.command in NO_DATABASE_NOTICE) as dsn:

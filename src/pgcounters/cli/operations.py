@@ -1,5 +1,5 @@
-"""Running pgcounters: the schema (install, upgrade, version), the drain and the worker,
-status, wake-ups, and the flush of the Redis buffer."""
+"""Running pgcounters: the schema (install, upgrade, version, schema --sql), the drain and
+the worker, status, wake-ups, and the flush of the Redis buffer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from pgcounters import __version__, schema
+from pgcounters import __version__, schema, sqlfiles
 from pgcounters.cli.common import EXIT_ERROR, EXIT_MORE, EXIT_OK, print_json, verbs
 from pgcounters.cli.types import (
     non_negative_int,
@@ -63,6 +63,22 @@ def _cmd_upgrade(args: argparse.Namespace, dsn: str) -> int:
     else:
         print(f"already at version {state.installed}")
     return EXIT_OK
+
+
+def _cmd_schema(args: argparse.Namespace, dsn: str) -> int:
+    sys.stdout.write(schema.script(args.from_version))
+    return EXIT_OK
+
+
+def _check_schema(args: argparse.Namespace) -> str | None:
+    if not args.sql:
+        return "schema prints the schema as SQL: give --sql"
+    if args.from_version is not None and args.from_version > sqlfiles.latest_version():
+        return (
+            f"--from must be a version of this package (1 to {sqlfiles.latest_version()}), "
+            f"got {args.from_version}"
+        )
+    return None
 
 
 def _cmd_version(args: argparse.Namespace, dsn: str) -> int:
@@ -208,11 +224,23 @@ def _cmd_flush(args: argparse.Namespace, dsn: str) -> int:
 
 
 def configure_operations(sub: Any) -> None:
-    """install, upgrade, version, drain, worker, status, wakeup, flush."""
+    """install, upgrade, version, schema, drain, worker, status, wakeup, flush."""
     add = verbs(sub)
     add("install", _cmd_install, "install the pgcounters schema (idempotent)")
     add("upgrade", _cmd_upgrade, "apply pending schema migrations")
     add("version", _cmd_version, "show package and schema versions (exit 1 if they differ)")
+    p = add("schema", _cmd_schema, "print the schema as a plain SQL script (needs no database)")
+    p.add_argument(
+        "--sql", action="store_true", help="the install script (one transaction, versions recorded)"
+    )
+    p.add_argument(
+        "--from",
+        dest="from_version",
+        type=positive_int,
+        metavar="N",
+        help="print the upgrade script from version N instead",
+    )
+    p.set_defaults(no_database=True, check=_check_schema)
 
     p = add("drain", _cmd_drain, "apply queued deltas (one transaction per batch)")
     p.add_argument("--batch-size", type=positive_int, default=10_000)

@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 15
+-- version: 16
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -680,6 +680,86 @@ END;
 $$;
 
 
+-- The n highest stored values of a counter, highest first (ties by key): the
+-- order of the Python client's top. Stored values only: deltas not yet drained
+-- are not ranked. A counter column is ranked from its table (a NULL as 0).
+-- Values are numeric, so that a sum of decimals reads as one.
+CREATE FUNCTION pgcounters.top(p_name text, p_n bigint DEFAULT 10)
+RETURNS TABLE (key text[], value numeric)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t pgcounters.targets := pgcounters._target(p_name);
+BEGIN
+    IF p_n IS NULL OR p_n < 0 THEN
+        RAISE EXCEPTION 'n must be zero or more, got %', coalesce(p_n::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF t.target_table IS NULL THEN
+        -- the band is monotonic in the value: this is ORDER BY value DESC, key,
+        -- read from the index on (target_id, band DESC)
+        RETURN QUERY
+            SELECT c.key, pgcounters.unscaled(c.value, coalesce(t.scale, 0))
+              FROM pgcounters.counters AS c
+             WHERE c.target_id = t.id
+             ORDER BY c.band DESC, c.value DESC, c.key
+             LIMIT p_n;
+    ELSE
+        RETURN QUERY EXECUTE format(
+            'SELECT ARRAY[x.%1$I::text], coalesce(x.%2$I, 0)::numeric FROM %3$I.%4$I AS x'
+            ' ORDER BY x.%2$I DESC NULLS LAST, x.%1$I LIMIT $1',
+            t.target_key_column, t.target_column, t.target_schema, t.target_table)
+            USING p_n;
+    END IF;
+END;
+$$;
+
+-- The exact values (stored + pending) of many keys of one counter, one row per
+-- key in the order given, each key canonical: p_keys is a two-dimensional array,
+-- one key per row ('{{1,2026-11-21},{2,2026-11-21}}'), or, for a counter with a
+-- one-part key, a plain array of keys ('{1,2,3}'). Values are numeric (a sum of
+-- decimals reads as one).
+CREATE FUNCTION pgcounters.get_many(p_name text, p_keys text[])
+RETURNS TABLE (key text[], value numeric)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t pgcounters.targets := pgcounters._target(p_name);
+    v_parts integer := coalesce(array_length(t.key_types, 1), 0);
+    v_key text[];
+    v_canonical text[];
+BEGIN
+    IF p_keys IS NULL OR cardinality(p_keys) = 0 THEN
+        RETURN;
+    END IF;
+    IF v_parts = 0 THEN
+        RAISE EXCEPTION 'counter % is global (it takes no key): read it with pgcounters.get',
+            t.name
+            USING ERRCODE = 'PC004';
+    END IF;
+    IF array_ndims(p_keys) = 1 AND v_parts = 1 THEN
+        FOR i IN array_lower(p_keys, 1) .. array_upper(p_keys, 1) LOOP
+            v_canonical := pgcounters._canonical_key(t, ARRAY[p_keys[i]]);
+            key := v_canonical;
+            value := pgcounters.unscaled(pgcounters._exact_units(t, v_canonical),
+                                         coalesce(t.scale, 0));
+            RETURN NEXT;
+        END LOOP;
+    ELSIF array_ndims(p_keys) = 2 THEN
+        FOREACH v_key SLICE 1 IN ARRAY p_keys LOOP
+            v_canonical := pgcounters._canonical_key(t, v_key);
+            key := v_canonical;
+            value := pgcounters.unscaled(pgcounters._exact_units(t, v_canonical),
+                                         coalesce(t.scale, 0));
+            RETURN NEXT;
+        END LOOP;
+    ELSE
+        RAISE EXCEPTION 'counter % takes a key of (%): give its keys as an array of '
+                        'arrays, one key each (''{{...},{...}}'')',
+            t.name, array_to_string(t.key_types, ', ')
+            USING ERRCODE = 'PC004';
+    END IF;
+END;
+$$;
+
 -- =============================================================================
 -- Sums of decimals
 -- =============================================================================
@@ -1081,6 +1161,60 @@ BEGIN
             extract(epoch FROM clock_timestamp() - v_started)::double precision,
             busy, quarantined);
     END IF;
+END;
+$$;
+
+-- Drain both queues to empty, committing after every batch (at most batch_size
+-- deltas each), the queues taking turns: CALL pgcounters.drain_all(); from psql
+-- or cron. Each batch is drain_queue, which never waits on a row an application
+-- holds: deltas of such rows stay queued (busy) for a later drain. A procedure
+-- that commits cannot run inside a transaction block: it refuses to (PC005).
+-- Returns the deltas applied, the deltas left busy by the last batch of each
+-- queue, and the deltas set aside in the quarantine.
+CREATE PROCEDURE pgcounters.drain_all(
+    batch_size integer DEFAULT 10000,
+    INOUT deltas bigint DEFAULT NULL,
+    INOUT busy bigint DEFAULT NULL,
+    INOUT quarantined bigint DEFAULT NULL
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    v_unlogged boolean;
+    v_done boolean[] := ARRAY[false, false];
+    v_busy bigint[] := ARRAY[0, 0];
+    i integer;
+BEGIN
+    IF batch_size IS NULL OR batch_size < 1 THEN
+        RAISE EXCEPTION 'batch size must be a positive integer, got %',
+            coalesce(batch_size::text, 'NULL')
+            USING ERRCODE = 'PC005';
+    END IF;
+    IF now() <> statement_timestamp() THEN
+        RAISE EXCEPTION 'pgcounters.drain_all commits after every batch: CALL it outside '
+                        'a transaction block (in autocommit mode)'
+            USING ERRCODE = 'PC005';
+    END IF;
+    -- nothing is done yet: in a transaction block the check above cannot tell
+    -- (BEGIN and CALL in one query string), PostgreSQL refuses this COMMIT
+    COMMIT;
+    deltas := 0;
+    quarantined := 0;
+    WHILE NOT (v_done[1] AND v_done[2]) LOOP
+        FOR i IN 1 .. 2 LOOP
+            CONTINUE WHEN v_done[i];
+            v_unlogged := i = 2;
+            -- Read Committed whatever the session's default (as the worker's batches)
+            SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+            SELECT * INTO r FROM pgcounters.drain_queue(batch_size, v_unlogged);
+            COMMIT;
+            deltas := deltas + r.deltas;
+            quarantined := quarantined + r.quarantined;
+            v_busy[i] := r.busy;
+            v_done[i] := r.deltas = 0 AND r.quarantined = 0 AND (r.busy = 0 OR NOT r.ahead);
+        END LOOP;
+    END LOOP;
+    busy := v_busy[1] + v_busy[2];
 END;
 $$;
 
@@ -2286,7 +2420,10 @@ $$;
 
 -- The exclusion constraint of quota_limits compares quota_id and subject with
 -- "=" in a GiST index: btree_gist (a trusted extension) provides those operator classes.
-CREATE EXTENSION IF NOT EXISTS btree_gist WITH SCHEMA pgcounters;
+-- It lives in a schema of its own, so that its functions do not swamp pgcounters' own
+-- (`\df pgcounters.*`).
+CREATE SCHEMA IF NOT EXISTS pgcounters_btree_gist;
+CREATE EXTENSION IF NOT EXISTS btree_gist WITH SCHEMA pgcounters_btree_gist;
 
 -- One row per quota: its window and default limit.
 CREATE TABLE pgcounters.quotas (
@@ -3001,8 +3138,8 @@ END;
 $$;
 
 -- Take back every right grant_app and grant_worker gave p_role: on pgcounters'
--- own objects, the right to pause, and the column rights on the parent tables
--- of column counters (column rights only: a table-wide right the role holds
+-- own objects (procedures included), the right to pause, and the column rights
+-- on the parent tables of column counters (column rights only: a table-wide right the role holds
 -- for its own work is not pgcounters' to take). The table-wide SELECT that
 -- grant_worker gives on source tables stays (see docs/security.md).
 CREATE FUNCTION pgcounters.revoke_role(p_role text) RETURNS text[]
@@ -3016,6 +3153,7 @@ BEGIN
         'REVOKE ALL ON ALL TABLES IN SCHEMA pgcounters FROM %I',
         'REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgcounters FROM %I',
         'REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgcounters FROM %I',
+        'REVOKE ALL ON ALL PROCEDURES IN SCHEMA pgcounters FROM %I',
         'REVOKE ALL ON SCHEMA pgcounters FROM %I'
     ]);
     IF EXISTS (SELECT 1 FROM pgcounters.pausers WHERE role_name = p_role) THEN
@@ -3055,14 +3193,31 @@ LANGUAGE sql AS $$
             ' pgcounters.incr_decimal(text, text[], numeric) TO %I'])
 $$;
 
+-- The application's rights on the SQL interface (part of grant_app).
+CREATE FUNCTION pgcounters._grant_app_sql_interface(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._for_role(p_role, ARRAY[
+        'GRANT EXECUTE ON FUNCTION pgcounters.top(text, bigint),'
+            ' pgcounters.get_many(text, text[]) TO %I'])
+$$;
+
+-- The worker's rights on the SQL interface (part of grant_worker).
+CREATE FUNCTION pgcounters._grant_worker_sql_interface(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._for_role(p_role, ARRAY[
+        'GRANT EXECUTE ON PROCEDURE pgcounters.drain_all(integer, bigint, bigint, bigint) TO %I'])
+$$;
+
 CREATE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._grant_app_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
+           || pgcounters._grant_app_sql_interface(p_role)
 $$;
 
 CREATE FUNCTION pgcounters.grant_worker(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._grant_worker_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
+           || pgcounters._grant_worker_sql_interface(p_role)
 $$;
 
 
@@ -3070,9 +3225,9 @@ $$;
 -- Privileges
 -- =============================================================================
 
--- No function of the schema is executable by PUBLIC (PostgreSQL's default for
--- a new function) except those granted below; btree_gist's are left as the
--- extension made them.
+-- No function or procedure of the schema is executable by PUBLIC (PostgreSQL's
+-- default for a new one) except those granted below; functions of an extension
+-- are left as the extension made them.
 DO $$
 DECLARE
     f regprocedure;
@@ -3085,7 +3240,7 @@ BEGIN
                             WHERE d.classid = 'pg_catalog.pg_proc'::regclass
                               AND d.objid = p.oid AND d.deptype = 'e')
     LOOP
-        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('REVOKE EXECUTE ON ROUTINE %s FROM PUBLIC', f);
     END LOOP;
 END;
 $$;
