@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from pgcounters import schema
+from pgcounters import notifications, schema
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import (
@@ -139,6 +139,8 @@ class BatchResult:
     """Deltas set aside in ``pgcounters.quarantine`` (they could not be applied)."""
     ahead: bool = False
     """With ``busy``: deltas queued before the ones left busy remain."""
+    changes: dict[str, set[Key]] | None = None
+    """With ``changes=True``: counter name -> the keys this batch changed."""
 
     @property
     def done(self) -> bool:
@@ -687,7 +689,9 @@ class Counters:
         batch = self.drain_queue_batch(batch_size, unlogged=unlogged)
         return batch.deltas, batch.keys
 
-    def drain_queue_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> BatchResult:
+    def drain_queue_batch(
+        self, batch_size: int = 10_000, *, unlogged: bool = False, changes: bool = False
+    ) -> BatchResult:
         """Apply one batch of at most ``batch_size`` deltas in its own transaction.
 
         Parent rows held by other transactions are not waited for: their deltas
@@ -696,6 +700,9 @@ class Counters:
         PostgreSQL aborts it for a deadlock or a serialization failure (the
         deltas stay queued until a batch commits, so nothing is applied twice);
         each retry is a WARNING of the ``pgcounters.drain`` logger.
+
+        ``changes``: also return which counters and keys the batch changed
+        (:mod:`pgcounters.notifications`; two more statements in the batch).
         """
         if (
             isinstance(batch_size, bool)
@@ -719,10 +726,15 @@ class Counters:
                     # Repeatable Read a drainer fails on every parent row a writer
                     # updated since its snapshot, and may fail again on each retry
                     cur.execute(query("drain_read_committed"))
+                    if changes:
+                        notifications.note_changes(cur)
                     cur.execute(query("drain_queue"), {"limit": batch_size, "unlogged": unlogged})
                     row = cur.fetchone()
+                    changed = notifications.noted_changes(cur) if changes else None
                 assert row is not None
-                return BatchResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), bool(row[4]))
+                return BatchResult(
+                    int(row[0]), int(row[1]), int(row[2]), int(row[3]), bool(row[4]), changed
+                )
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 reason = retry_reason(exc)
                 record_retry(self.conn, "drain", reason)

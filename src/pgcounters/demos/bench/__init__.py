@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pgcounters.demos.bench import (
     blog,
+    changes,
     columns,
     drain,
     drain_keys,
@@ -74,6 +75,7 @@ SCENARIOS: dict[str, Runner] = {
     "drain-busy": drain.drain_busy,
     "drain-keys": drain_keys.drain_keys,
     "top-named": drain_keys.top_named,
+    "drain-changes": changes.drain_changes,
     "trigger-overhead": blog.trigger_overhead,
     "top-n": blog.top_n,
     "exact-read": blog.exact_read,
