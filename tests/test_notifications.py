@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,13 +54,15 @@ def running(worker: Worker) -> Iterator[list[BaseException]]:
         assert not thread.is_alive(), "the worker did not stop"
 
 
-def _write(pc: Counters, rng: random.Random, n: int) -> Changes:
+def _write(
+    pc: Counters, rng: random.Random, n: int, deltas: tuple[int, ...] = (1, 2, -1)
+) -> Changes:
     """Random increments of three counters; the keys whose sum is not zero (the truth)."""
     sums: dict[tuple[str, Key], int] = {}
     for _ in range(n):
         name = rng.choice(["views", "likes", "fast"])
         key: Key = (rng.randrange(20),) if name != "likes" else (rng.randrange(5), "x")
-        delta = rng.choice([1, 2, -1])
+        delta = rng.choice(deltas)
         pc.incr(name, key, delta)
         sums[(name, key)] = sums.get((name, key), 0) + delta
     truth: Changes = {}
@@ -164,7 +170,8 @@ def test_a_worker_calls_back_once_per_committed_batch_with_exactly_its_keys(
     truth: Changes = {}
     with running(worker) as errors:
         for _ in range(5):
-            merge(truth, _write(pc, rng, 200))
+            # positive deltas: every batch changes some value, so every batch is reported
+            merge(truth, _write(pc, rng, 200, deltas=(1, 2)))
         # a write that rolls back queues nothing and is never reported
         with pytest.raises(RuntimeError):
             _rolled_back_write(conn, pc)
@@ -177,12 +184,9 @@ def test_a_worker_calls_back_once_per_committed_batch_with_exactly_its_keys(
         assert changes
         assert all(changes.values())
         merge(seen, changes)
-    # every written key that ended non-zero in some batch is reported; nothing else is
-    for name, keys in truth.items():
-        assert keys <= seen[name]
-    assert (999,) not in seen.get("views", set())
-    written = {(name, k) for name in ("views", "likes", "fast") for k in _all_keys(name)}
-    assert {(name, k) for name, keys in seen.items() for k in keys} <= written
+    # every key written is reported (all deltas are positive), the rolled-back one is not
+    assert seen == truth
+    assert (999,) not in seen["views"]
 
 
 def _rolled_back_write(conn: Conn, pc: Counters) -> None:
@@ -300,3 +304,61 @@ def test_a_payload_too_large_names_the_counters_whose_keys_all_changed(conn: Con
     assert parse_payload(payload(many)) == {"*": None}
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         conn.execute("SELECT pg_notify('t', %s)", (json.dumps(sorted(changes["big"])),))
+
+
+def test_a_batch_with_too_many_keys_notifies_everything_of_its_counter(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    target = pc.create_counter("views", int).id
+    pc.create_counter("likes", int)
+    conn.execute(
+        "INSERT INTO pgcounters.queue (target_id, key, delta)"
+        " SELECT %s, ARRAY[g::text]::text, 1 FROM generate_series(1, 3000) AS g",
+        (target,),
+    )
+    pc.incr("likes", 5)
+    settings = WorkerSettings(
+        min_interval=0.01, max_interval=0.05, log_every=0, notify=True, notify_interval=0
+    )
+    calls: list[Changes] = []
+    worker = Worker(dsn, settings, on_change=calls.append)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        with running(worker):
+            wait_for(lambda: queued(conn) == 0)
+            wait_for(lambda: worker.get_stats().deltas == 3001)
+        texts = _notifications(listener)
+    # the callback gets every key; the notification says "all of views"
+    assert calls == [{"views": {(k,) for k in range(1, 3001)}, "likes": {(5,)}}]
+    assert len(texts) == 1
+    assert len(texts[0].encode()) <= MAX_PAYLOAD
+    assert parse_payload(texts[0]) == {"views": None, "likes": {("5",)}}
+
+
+def test_the_worker_command_notifies_other_processes(dsn: str, conn: Conn, pc: Counters) -> None:
+    pc.create_counter("views", int)
+    env = {k: v for k, v in os.environ.items() if k not in ("PGCOUNTERS_DSN", "DATABASE_URL")}
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgcounters", "--dsn", dsn, "worker", "--log-every", "0",
+             "--min-interval", "0.01", "--notify", "--notify-interval", "0"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            pc.incr("views", 3)
+            pc.incr("views", 4, 2)
+            got: dict[str, set[tuple[str, ...]] | None] = {}
+            for note in listener.notifies(timeout=60):
+                for name, keys in parse_payload(note.payload).items():
+                    assert keys is not None
+                    current = got.setdefault(name, set())
+                    assert current is not None
+                    current.update(keys)
+                if got == {"views": {("3",), ("4",)}}:
+                    break
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+    assert got == {"views": {("3",), ("4",)}}
+    assert proc.returncode == 0, err.decode()
