@@ -28,14 +28,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, TypeAlias
 
 from psycopg import Cursor
 
 from pgcounters.connection import Conn
 from pgcounters.errors import InvalidKey
-from pgcounters.keys import Key, decode_key
+from pgcounters.keys import Key, KeyType, decode_key
 from pgcounters.sqlfiles import named
 
 logger = logging.getLogger("pgcounters.notifications")
@@ -67,15 +67,37 @@ def note_changes(cur: Cursor[Any]) -> None:
 def noted_changes(cur: Cursor[Any]) -> Changes:
     """The counters and keys the drain batches of the open transaction changed so far."""
     cur.execute(_sql("noted_changes"))
+    row = cur.fetchone()
+    if row is None:
+        return {}
+    noted: list[tuple[str, list[str]]] = json.loads(row[0])
+    types: dict[str, list[KeyType]] = row[1] or {}
+    decoders: dict[str, Callable[[list[str]], Key]] = {}
     changes: Changes = {}
-    for counter, parts, key_types in cur.fetchall():
-        key: Key
-        try:
-            key = decode_key(parts, tuple(key_types)) if key_types is not None else tuple(parts)
-        except InvalidKey:
-            key = tuple(parts)
-        changes.setdefault(counter, set()).add(key)
+    for counter, parts in noted:
+        decode = decoders.get(counter)
+        if decode is None:
+            decode = decoders[counter] = _decoder(types.get(counter))
+        changes.setdefault(counter, set()).add(decode(parts))
     return changes
+
+
+def _decoder(key_types: list[KeyType] | None) -> Callable[[list[str]], Key]:
+    """Stored key parts -> the key (the drain's keys are canonical: a row id is an int's
+    text); the parts as they are for a counter dropped meanwhile."""
+    if key_types is None:
+        return tuple
+    if key_types == ["bigint"]:
+        return lambda parts: (int(parts[0]),)
+    types = tuple(key_types)
+
+    def decode(parts: list[str]) -> Key:
+        try:
+            return decode_key(parts, types)
+        except InvalidKey:
+            return tuple(parts)
+
+    return decode
 
 
 def merge(into: Changes, more: Mapping[str, Iterable[Key]]) -> Changes:
@@ -89,14 +111,18 @@ def _text(part: object) -> str:
     return part if isinstance(part, str) else str(part)
 
 
-def payload(changes: Mapping[str, Iterable[Key]], limit: int = MAX_PAYLOAD) -> str:
+def payload(changes: Mapping[str, Collection[Key]], limit: int = MAX_PAYLOAD) -> str:
     """The JSON payload of a notification, at most ``limit`` bytes: the counters with the
     most keys become ``"*"`` (everything of that counter changed) until it fits, and
     ``{"*": "*"}`` (everything changed) when even that does not fit."""
-    body: dict[str, Any] = {
-        counter: sorted([_text(p) for p in key] for key in keys)
-        for counter, keys in sorted(changes.items())
-    }
+    body: dict[str, Any] = {}
+    for counter, keys in sorted(changes.items()):
+        # a key takes at least 6 bytes (["1"],): a counter with more keys than fit cannot
+        # be listed, and is not serialised to find out
+        if len(keys) * 6 > limit:
+            body[counter] = EVERYTHING
+        else:
+            body[counter] = sorted([_text(p) for p in key] for key in keys)
 
     def encoded() -> bytes:
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()

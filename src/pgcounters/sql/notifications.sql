@@ -5,14 +5,15 @@
 SELECT pg_catalog.set_config('pgcounters.note_changes', 'on', true);
 
 -- name: noted_changes
--- the keys the batches of this transaction changed (before it commits), with
--- their counter's key types (NULL when the counter was dropped meanwhile)
-SELECT e.value ->> 0 AS counter,
-       ARRAY(SELECT jsonb_array_elements_text(e.value -> 1)) AS key,
-       t.key_types
-  FROM jsonb_array_elements(
-         coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')::jsonb) AS e
-  LEFT JOIN pgcounters.targets AS t ON t.name = e.value ->> 0;
+-- the keys the batches of this transaction changed (before it commits): the noted JSON
+-- array as text, and the key types of the counters it names (JSON object name -> types)
+SELECT c.noted,
+       (SELECT jsonb_object_agg(t.name, t.key_types)
+          FROM pgcounters.targets AS t
+         WHERE t.name IN (SELECT DISTINCT e.value ->> 0
+                            FROM jsonb_array_elements(c.noted::jsonb) AS e))
+  FROM (SELECT coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')
+               AS noted) AS c;
 
 -- name: notify_changes
 -- one notification for listeners in other processes
