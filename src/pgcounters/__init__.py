@@ -71,7 +71,7 @@ from pgcounters.schema import install, upgrade
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 
 if TYPE_CHECKING:
-    from pgcounters import status
+    from pgcounters import notifications, status
     from pgcounters.async_worker import AsyncWorker
     from pgcounters.batching import BatchingCounters
     from pgcounters.config import connect, dsn_from_env
@@ -122,6 +122,9 @@ __all__ = [  # noqa: RUF022
     "AsyncWorker",
     "Worker",
     "WorkerSettings",
+    # -- change notifications of the worker's batches: the `notifications` namespace
+    #    (CHANNEL, Changes, parse_payload)
+    "notifications",
     # -- quotas and rate limits
     "CallResult",
     "Quota",
@@ -212,8 +215,8 @@ def __getattr__(name: str) -> object:
         from importlib.metadata import version
 
         value: object = version("pgcounters")
-    elif name == "status":
-        value = importlib.import_module("pgcounters.status")
+    elif name in ("status", "notifications"):
+        value = importlib.import_module(f"pgcounters.{name}")
     elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     else:

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pgcounters import plans, schema
+from pgcounters import notifications, plans, schema
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translate
 from pgcounters.errors import (
@@ -154,6 +154,8 @@ class BatchResult:
     """Deltas set aside in ``pgcounters.quarantine`` (they could not be applied)."""
     ahead: bool = False
     """With ``busy``: deltas queued before the ones left busy remain."""
+    changes: dict[str, set[Key]] | None = None
+    """With ``changes=True``: counter name -> the keys this batch changed."""
 
     @property
     def done(self) -> bool:
@@ -698,7 +700,9 @@ class _CounterPlans:
         batch = yield from self._drain_queue_batch(batch_size, unlogged)
         return batch.deltas, batch.keys
 
-    def _drain_queue_batch(self, batch_size: int, unlogged: bool) -> Plan[BatchResult]:
+    def _drain_queue_batch(
+        self, batch_size: int, unlogged: bool, changes: bool = False
+    ) -> Plan[BatchResult]:
         """Apply one batch of at most ``batch_size`` deltas in its own transaction.
 
         Parent rows held by other transactions are not waited for: their deltas
@@ -707,6 +711,9 @@ class _CounterPlans:
         PostgreSQL aborts it for a deadlock or a serialization failure (the
         deltas stay queued until a batch commits, so nothing is applied twice);
         each retry is a WARNING of the ``pgcounters.drain`` logger.
+
+        ``changes``: also return which counters and keys the batch changed
+        (:mod:`pgcounters.notifications`; two more statements in the batch).
         """
         if (
             isinstance(batch_size, bool)
@@ -721,22 +728,31 @@ class _CounterPlans:
             raise DrainError("drain must run outside a transaction: each batch commits on its own")
         yield from self._ensure_schema()
 
-        def batch() -> Plan[Row | None]:
+        def batch() -> Plan[tuple[Row | None, Row | None]]:
             # a batch is Read Committed whatever the connection's level: at
             # Repeatable Read a drainer fails on every parent row a writer
             # updated since its snapshot, and may fail again on each retry
             yield Execute(query("drain_read_committed"))
-            return (
-                yield from fetch_one(
-                    query("drain_queue"), {"limit": batch_size, "unlogged": unlogged}
-                )
+            if changes:
+                yield Execute(notifications.statement("note_changes"))
+            row = yield from fetch_one(
+                query("drain_queue"), {"limit": batch_size, "unlogged": unlogged}
             )
+            noted = (
+                (yield from fetch_one(notifications.statement("noted_changes")))
+                if changes
+                else None
+            )
+            return row, noted
 
         for attempt in range(_DRAIN_RETRIES):
             try:
-                row = yield Transaction(batch())
+                row, noted = yield Transaction(batch())
+                changed = notifications.decode_noted(noted) if changes else None
                 assert row is not None
-                return BatchResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), bool(row[4]))
+                return BatchResult(
+                    int(row[0]), int(row[1]), int(row[2]), int(row[3]), bool(row[4]), changed
+                )
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 reason = retry_reason(exc)
                 yield from record_retry_plan("drain", reason)
@@ -997,8 +1013,10 @@ class Counters(_CounterPlans):
     def drain_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> tuple[int, int]:
         return self._run(self._drain_batch(batch_size, unlogged))
 
-    def drain_queue_batch(self, batch_size: int = 10_000, *, unlogged: bool = False) -> BatchResult:
-        return self._run(self._drain_queue_batch(batch_size, unlogged))
+    def drain_queue_batch(
+        self, batch_size: int = 10_000, *, unlogged: bool = False, changes: bool = False
+    ) -> BatchResult:
+        return self._run(self._drain_queue_batch(batch_size, unlogged, changes))
 
     def drain(
         self,
@@ -1135,9 +1153,9 @@ class AsyncCounters(_CounterPlans):
         return await self._run(self._drain_batch(batch_size, unlogged))
 
     async def drain_queue_batch(
-        self, batch_size: int = 10_000, *, unlogged: bool = False
+        self, batch_size: int = 10_000, *, unlogged: bool = False, changes: bool = False
     ) -> BatchResult:
-        return await self._run(self._drain_queue_batch(batch_size, unlogged))
+        return await self._run(self._drain_queue_batch(batch_size, unlogged, changes))
 
     async def drain(
         self,

@@ -52,6 +52,7 @@ from pgcounters.errors import (
     SchemaError,
     WorkerError,
 )
+from pgcounters.notifications import ChangeCallback, Notifier
 from pgcounters.sqlfiles import named
 
 logger = logging.getLogger("pgcounters.worker")
@@ -100,6 +101,12 @@ class WorkerSettings:
     """Give up one connection attempt after this long."""
     log_every: float = 60.0
     """Log a summary line this often while deltas are applied (0 = never)."""
+    notify: bool = False
+    """Send the keys each batch changed to other processes: a ``NOTIFY`` on the channel
+    ``pgcounters_changes`` (:mod:`pgcounters.notifications`)."""
+    notify_interval: float = 1.0
+    """With ``notify``: at most one notification this often (the changes of the batches
+    between are sent together); 0 = one after every batch that changed something."""
     application_name: str = APPLICATION_NAME
 
     def validate(self) -> WorkerSettings:
@@ -121,7 +128,13 @@ class WorkerSettings:
             )
         for name in ("min_interval", "max_interval", "reconnect_min", "reconnect_max"):
             positive(name, getattr(self, name))
-        for name in ("statement_timeout", "idle_in_transaction_timeout", "log_every", "linger"):
+        for name in (
+            "statement_timeout",
+            "idle_in_transaction_timeout",
+            "log_every",
+            "linger",
+            "notify_interval",
+        ):
             positive(name, getattr(self, name), allow_zero=True)
         positive("connect_timeout", self.connect_timeout)
         if self.max_interval < self.min_interval:
@@ -152,6 +165,8 @@ class WorkerStats:
     busy: int = 0
     """Times a queued delta was left for later because its parent row was busy."""
     batch_size: int = 0
+    notifications: int = 0
+    """Change notifications sent (``notify``)."""
     started_at: float = field(default_factory=time.time)
     last_batch_at: float | None = None
 
@@ -173,11 +188,25 @@ class Worker:
         ...
         worker.stop()
         thread.join()
+
+    ``on_change(changes)`` is called after each batch that changed something commits,
+    with a mapping counter name -> set of keys (:mod:`pgcounters.notifications`).
     """
 
-    def __init__(self, dsn: str, settings: WorkerSettings | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        settings: WorkerSettings | None = None,
+        *,
+        on_change: ChangeCallback | None = None,
+    ) -> None:
         self.dsn = dsn
         self.settings = (settings or WorkerSettings()).validate()
+        if on_change is not None and not callable(on_change):
+            raise ConfigurationError(f"on_change must be callable, got {on_change!r}")
+        self._notifier = Notifier(
+            on_change, notify=self.settings.notify, interval=self.settings.notify_interval
+        )
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._stats = WorkerStats(batch_size=self.settings.batch_size)
@@ -205,6 +234,11 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def reports_changes(self) -> bool:
+        """Whether the batches report their changes (a callback, or ``notify``)."""
+        return self._notifier.active
 
     def get_stats(self) -> WorkerStats:
         """A copy of the counts so far."""
@@ -256,6 +290,7 @@ class Worker:
                     self._stop.wait(wait)
         finally:
             if conn is not None:
+                self._flush_notifications(conn)
                 conn.close()
             final = self.get_stats()
             logger.info(
@@ -411,7 +446,11 @@ class Worker:
                 break
             if not holding[unlogged]:
                 continue
-            batch = pc.drain_queue_batch(self._batch_size, unlogged=unlogged)
+            batch = pc.drain_queue_batch(
+                self._batch_size, unlogged=unlogged, changes=self._notifier.active
+            )
+            if batch.changes:
+                self._notifier.committed(conn, batch.changes)
             batch_got, batch_full, batch_busy = self._note_batch(batch, unlogged)
             got += batch_got
             full = full or batch_full
@@ -434,6 +473,8 @@ class Worker:
             except PermissionDenied as exc:
                 self._backfills = False
                 logger.warning("backfills left to others: %s (see `pgcounters grant`)", exc)
+        if self._notifier.notify:
+            self._notifier.flush(conn)  # changes held back by the rate limit, once due
         self._end_round()
         return got, full, busy
 
@@ -473,7 +514,19 @@ class Worker:
     def _end_round(self) -> None:
         with self._lock:
             self._stats.rounds += 1
+            self._stats.notifications = self._notifier.notifications
         self._maybe_summarise()
+
+    def _flush_notifications(self, conn: Conn) -> None:
+        """On the way out: send the changes the rate limit held back."""
+        if not self._notifier.notify or conn.closed or conn.broken:
+            return
+        try:
+            self._notifier.flush(conn, force=True)
+        except psycopg.Error as exc:
+            logger.warning("could not send the last change notification: %s", exc)
+        with self._lock:
+            self._stats.notifications = self._notifier.notifications
 
     def _maybe_summarise(self) -> None:
         every = self.settings.log_every

@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from pgcounters import __version__
 from pgcounters.cli.common import (
@@ -41,6 +41,9 @@ from pgcounters.cli.operations import configure_operations, configure_worker_log
 from pgcounters.cli.quotas import configure_quotas
 from pgcounters.cli.repair import configure_repair, report_verify
 from pgcounters.cli.security import configure_security
+
+if TYPE_CHECKING:
+    from pgcounters.notifications import ChangeCallback
 
 __all__ = [
     "EXIT_DRIFT",
@@ -79,11 +82,18 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     return parser
 
 
-def run(argv: Sequence[str] | None = None, *, prog: str = "pgcounters") -> int:
+def run(
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str = "pgcounters",
+    on_change: ChangeCallback | None = None,
+) -> int:
     """Run one command; return its exit code. Bad usage raises ``SystemExit(2)``, as
-    argparse does, before any database is opened."""
+    argparse does, before any database is opened. ``on_change``: the ``worker``
+    command's change callback (:class:`pgcounters.Worker`)."""
     args = build_parser(prog).parse_args(argv)
     check_usage(args)
+    args.on_change = on_change
     return run_verb(args, prog)
 
 

@@ -142,8 +142,10 @@ def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
         idle_in_transaction_timeout=args.idle_timeout,
         reconnect_max=args.reconnect_max,
         log_every=args.log_every,
+        notify=args.notify,
+        notify_interval=args.notify_interval,
     )
-    worker = Worker(dsn, settings)
+    worker = Worker(dsn, settings, on_change=getattr(args, "on_change", None))
     with GracefulSignals(worker.stop):
         worker.run()
     return EXIT_OK
@@ -281,6 +283,14 @@ def configure_operations(sub: Any) -> None:
     p.add_argument(
         "--log-every", type=non_negative_seconds, default=60.0, metavar="S",
         help="log a summary this often while working (0: never)",
+    )  # fmt: skip
+    p.add_argument(
+        "--notify", action="store_true",
+        help="after each batch, NOTIFY pgcounters_changes with the keys it changed",
+    )  # fmt: skip
+    p.add_argument(
+        "--notify-interval", type=non_negative_seconds, default=1.0, metavar="S",
+        help="at most one change notification every S seconds (0: one per batch)",
     )  # fmt: skip
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
 

@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 16
+-- version: 17
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -993,6 +993,13 @@ CREATE TYPE pgcounters.claimed_delta AS (
 -- A delta for a column counter, as the first drain carried it (no function uses it now).
 CREATE TYPE pgcounters.column_delta AS (target_id integer, key text, delta bigint);
 
+-- Change notifications (version 17): a drain batch of a session that sets
+-- pgcounters.note_changes to 'on' adds the keys it changed to the transaction's
+-- setting pgcounters.changes, a JSON array of [counter name, key parts] pairs
+-- (a key may appear more than once), through set_config. The setting is local
+-- to the transaction and follows its subtransactions: a part of the batch that
+-- rolls back leaves no trace, and the caller reads it before the batch commits.
+
 -- One batch of one queue (drain_queue), returning the deltas applied and the
 -- counter values changed. Deltas left busy or set aside are reported by drain_queue.
 CREATE FUNCTION pgcounters.drain_batch(
@@ -1058,6 +1065,9 @@ DECLARE
     v_column_keys bigint;
     v_column_busy bigint;
     v_last_claimed bigint;
+    -- a listener asked for the keys each batch changes (version 17)
+    v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
+    v_changes jsonb;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'batch size must be a positive integer, got %', p_limit
@@ -1114,12 +1124,14 @@ BEGIN
                    count(*) FILTER (WHERE t.id IS NULL
                        OR coalesce(array_length(s.key, 1), 0)
                           <> coalesce(array_length(t.key_types, 1), 0)),
-                   max(s.last_id)
+                   max(s.last_id),
+                   jsonb_agg(jsonb_build_array(t.name, s.key))
+                       FILTER (WHERE $3 AND t.target_table IS NULL AND s.delta <> 0)
               FROM summed s
               LEFT JOIN pgcounters.targets t ON t.id = s.target_id
         $q$, v_queue)
-        INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed
-        USING p_limit, v_broken;
+        INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
+        USING p_limit, v_broken, v_note;
         -- a range found empty while the queue was not: another drainer held it and
         -- took it; claim again from the new head (each round sees a newer snapshot)
         EXIT WHEN v_claimed > 0 OR v_head IS NULL;
@@ -1130,6 +1142,11 @@ BEGIN
             RAISE EXCEPTION 'deltas of unknown counters or with wrong keys' USING ERRCODE = 'PC003';
         END IF;
         deltas := v_claimed;
+        IF v_changes IS NOT NULL THEN
+            PERFORM pg_catalog.set_config('pgcounters.changes',
+                (coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')::jsonb
+                 || v_changes)::text, true);
+        END IF;
         IF v_columns IS NOT NULL THEN
             SELECT d.keys, d.busy, d.first_requeued
               INTO v_column_keys, v_column_busy, v_first_requeued
@@ -1240,6 +1257,8 @@ DECLARE
     v_id bigint;
     v_state text;
     v_message text;
+    v_applied bigint;
+    v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
 BEGIN
     deltas := 0;
     keys := 0;
@@ -1300,6 +1319,11 @@ BEGIN
                 VALUES (t.id, v_key, g.delta)
                 ON CONFLICT (target_id, key) DO UPDATE SET value = k.value + excluded.value;
                 keys := keys + 1;
+                IF v_note THEN
+                    PERFORM pg_catalog.set_config('pgcounters.changes',
+                        (coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')::jsonb
+                         || jsonb_build_array(jsonb_build_array(t.name, v_key)))::text, true);
+                END IF;
             ELSIF t.id = ANY (p_broken) THEN
                 NULL;  -- not claimed (left out above)
             ELSE
@@ -1310,8 +1334,14 @@ BEGIN
                   FROM pgcounters._lock_parents(t.target_schema, t.target_table,
                        t.target_key_column, t.key_types[1], ARRAY[v_key[1]]) AS l;
                 IF cardinality(v_lock.locked) > 0 THEN
-                    keys := keys + pgcounters._apply_column(
+                    v_applied := pgcounters._apply_column(
                         t, ARRAY[v_key[1]], ARRAY[g.delta], v_lock.locked);
+                    keys := keys + v_applied;
+                    IF v_note AND v_applied > 0 THEN
+                        PERFORM pg_catalog.set_config('pgcounters.changes',
+                            (coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')::jsonb
+                             || jsonb_build_array(jsonb_build_array(t.name, v_lock.locked)))::text, true);
+                    END IF;
                 ELSIF cardinality(v_lock.busy) > 0 THEN
                     EXECUTE format(
                         'INSERT INTO pgcounters.%I (target_id, key, delta, created_at)
@@ -1363,6 +1393,8 @@ DECLARE
     v_applied bigint;
     v_busy bigint;
     v_first bigint;
+    v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
+    v_changes jsonb;
 BEGIN
     keys := 0;
     busy := 0;
@@ -1410,18 +1442,25 @@ BEGIN
             )
             SELECT (SELECT count(*) FROM applied),
                    (SELECT coalesce(sum(h.n), 0) FROM held AS h)::bigint,
-                   (SELECT min(b.id) FROM back AS b)
+                   (SELECT min(b.id) FROM back AS b),
+                   (SELECT jsonb_agg(jsonb_build_array($3::text, ARRAY[l.key::text]))
+                      FROM locked AS l WHERE $4)
             $q$,
             t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column, v_queue,
             -- a sum of decimals: the deltas are units of 10^-scale (version 13)
             CASE WHEN t.scale IS NULL THEN 'd.delta::bigint'
                  ELSE format('pgcounters.unscaled(d.delta, %s)', t.scale) END)
-        INTO v_applied, v_busy, v_first
-        USING p_columns, t.id;
+        INTO v_applied, v_busy, v_first, v_changes
+        USING p_columns, t.id, t.name, v_note;
         PERFORM pg_catalog.set_config('pgcounters.applying', '', true);
         keys := keys + v_applied;
         busy := busy + v_busy;
         first_requeued := least(first_requeued, v_first);
+        IF v_changes IS NOT NULL THEN
+            PERFORM pg_catalog.set_config('pgcounters.changes',
+                (coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')::jsonb
+                 || v_changes)::text, true);
+        END IF;
     END LOOP;
 END;
 $$;

@@ -23,6 +23,7 @@ from pgcounters.contrib.django.expressions import Exact
 from pgcounters.contrib.django.orm_truth import verify_orm
 from pgcounters.contrib.django.pagination import EstimatedCountPaginator, estimated_count
 from pgcounters.contrib.django.ratelimit import RateLimitMiddleware, ratelimit
+from pgcounters.contrib.django.signals import counters_changed
 
 # grouped by use, as docs/django.md presents them
 __all__ = [  # noqa: RUF022
@@ -52,6 +53,8 @@ __all__ = [  # noqa: RUF022
     "ratelimit",
     # -- the psycopg connection of a Django database, for the pgcounters API
     "psycopg_connection",
+    # -- the signal a worker run from Django sends after its batches change counters
+    "counters_changed",
     # -- errors (the others are pgcounters' own: `from pgcounters import ...`)
     "SettingsError",
 ]

@@ -23,6 +23,7 @@ from pathlib import Path
 from pgcounters.demos.bench import (
     asyncapi,
     blog,
+    changes,
     columns,
     drain,
     drain_keys,
@@ -75,6 +76,7 @@ SCENARIOS: dict[str, Runner] = {
     "drain-busy": drain.drain_busy,
     "drain-keys": drain_keys.drain_keys,
     "top-named": drain_keys.top_named,
+    "drain-changes": changes.drain_changes,
     "trigger-overhead": blog.trigger_overhead,
     "top-n": blog.top_n,
     "exact-read": blog.exact_read,

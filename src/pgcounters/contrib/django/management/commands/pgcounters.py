@@ -94,6 +94,12 @@ class Command(BaseCommand):
                 args = ("verify", *rest)
         if code is None:
             argv = ["--dsn", dsn(options["database"]), *flush_arguments(args)]
-            code = cli.run(argv, prog=PROG)
+            on_change = None
+            if args and args[0] == "worker":
+                # a worker run through Django sends the counters_changed signal
+                from pgcounters.contrib.django.signals import signal_callback
+
+                on_change = signal_callback(options["database"])
+            code = cli.run(argv, prog=PROG, on_change=on_change)
         if code:
             raise CommandError(f"pgcounters exited with status {code}", returncode=code)

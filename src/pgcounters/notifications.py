@@ -1,0 +1,210 @@
+"""Change notifications: which counters and keys a drain batch changed.
+
+A worker asked to report changes (:class:`~pgcounters.Worker` with ``on_change``,
+:attr:`~pgcounters.WorkerSettings.notify`) learns, inside each drain batch and
+before it commits, the keys the batch applied: the drain functions note them in
+a setting local to the batch's transaction (one extra statement a batch, none
+when nobody listens). After the commit the worker
+
+* calls ``on_change(changes)`` once per committed batch, ``changes`` mapping a
+  counter name to the set of its keys the batch changed (keys as
+  :meth:`Counters.get` takes them, e.g. ``(42,)``); never for a batch that
+  rolled back; a callback that raises is logged and the worker goes on;
+* with ``notify`` on, sends one ``NOTIFY`` on :data:`CHANNEL` for the batches
+  committed since the last one, at most once per ``notify_interval`` seconds:
+  a JSON object of counter name to a list of keys (each key a list of its
+  stored text parts, ``{"comments": [["42"], ["7"]]}``). A payload larger
+  than PostgreSQL allows names, for the counters with the most keys, ``"*"``:
+  everything of that counter changed (``{"*": "*"}``: everything changed).
+
+Delivery is at least once while the worker runs: a key may be reported by more
+than one batch, and a batch that is retried after an abort reports nothing until
+it commits. A worker stopped between a commit and its report (a crash) does not
+report that batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any, TypeAlias
+
+from psycopg import Cursor
+
+from pgcounters.connection import Conn
+from pgcounters.errors import InvalidKey
+from pgcounters.keys import Key, KeyType, decode_key
+from pgcounters.sqlfiles import named
+
+logger = logging.getLogger("pgcounters.notifications")
+
+CHANNEL = "pgcounters_changes"
+"""The channel of the worker's change notifications (``LISTEN pgcounters_changes``)."""
+
+MAX_PAYLOAD = 7999
+"""PostgreSQL refuses a notification payload of 8000 bytes or more."""
+
+EVERYTHING = "*"
+"""In a payload: every key of a counter (as its value) or every counter (as a name)."""
+
+Changes: TypeAlias = dict[str, set[Key]]
+"""Counter name -> the keys that changed."""
+
+ChangeCallback: TypeAlias = Callable[[Changes], object]
+
+
+def _sql(name: str) -> str:
+    return named("notifications.sql")[name]
+
+
+def note_changes(cur: Cursor[Any]) -> None:
+    """Ask the drain batches of the cursor's open transaction to note their changes."""
+    cur.execute(_sql("note_changes"))
+
+
+def noted_changes(cur: Cursor[Any]) -> Changes:
+    """The counters and keys the drain batches of the open transaction changed so far."""
+    cur.execute(_sql("noted_changes"))
+    return decode_noted(cur.fetchone())
+
+
+def statement(name: str) -> str:
+    """A named statement of the notes: ``note_changes`` (ask the drain batches of the open
+    transaction to note their changes), ``noted_changes`` (read them, for :func:`decode_noted`)."""
+    return _sql(name)
+
+
+def decode_noted(row: Any) -> Changes:
+    """The changes a ``noted_changes`` row holds: counter name -> decoded keys."""
+    if row is None:
+        return {}
+    noted: list[tuple[str, list[str]]] = json.loads(row[0])
+    types: dict[str, list[KeyType]] = row[1] or {}
+    decoders: dict[str, Callable[[list[str]], Key]] = {}
+    changes: Changes = {}
+    for counter, parts in noted:
+        decode = decoders.get(counter)
+        if decode is None:
+            decode = decoders[counter] = _decoder(types.get(counter))
+        changes.setdefault(counter, set()).add(decode(parts))
+    return changes
+
+
+def _decoder(key_types: list[KeyType] | None) -> Callable[[list[str]], Key]:
+    """Stored key parts -> the key (the drain's keys are canonical: a row id is an int's
+    text); the parts as they are for a counter dropped meanwhile."""
+    if key_types is None:
+        return tuple
+    if key_types == ["bigint"]:
+        return lambda parts: (int(parts[0]),)
+    types = tuple(key_types)
+
+    def decode(parts: list[str]) -> Key:
+        try:
+            return decode_key(parts, types)
+        except InvalidKey:
+            return tuple(parts)
+
+    return decode
+
+
+def merge(into: Changes, more: Mapping[str, Iterable[Key]]) -> Changes:
+    """Add the keys of ``more`` to ``into``; return ``into``."""
+    for counter, keys in more.items():
+        into.setdefault(counter, set()).update(keys)
+    return into
+
+
+def _text(part: object) -> str:
+    return part if isinstance(part, str) else str(part)
+
+
+def payload(changes: Mapping[str, Collection[Key]], limit: int = MAX_PAYLOAD) -> str:
+    """The JSON payload of a notification, at most ``limit`` bytes: the counters with the
+    most keys become ``"*"`` (everything of that counter changed) until it fits, and
+    ``{"*": "*"}`` (everything changed) when even that does not fit."""
+    body: dict[str, Any] = {}
+    for counter, keys in sorted(changes.items()):
+        # a key takes at least 6 bytes (["1"],): a counter with more keys than fit cannot
+        # be listed, and is not serialised to find out
+        if len(keys) * 6 > limit:
+            body[counter] = EVERYTHING
+        else:
+            body[counter] = sorted([_text(p) for p in key] for key in keys)
+
+    def encoded() -> bytes:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+    data = encoded()
+    while len(data) > limit:
+        lists = [c for c, v in body.items() if v != EVERYTHING]
+        if not lists:
+            return json.dumps({EVERYTHING: EVERYTHING})
+        widest = max(lists, key=lambda c: (len(json.dumps(body[c])), c))
+        body[widest] = EVERYTHING
+        data = encoded()
+    return data.decode()
+
+
+def parse_payload(text: str) -> dict[str, set[tuple[str, ...]] | None]:
+    """Read a notification's payload: counter name -> keys (tuples of the stored text
+    parts), or None for "every key of this counter"; ``{"*": None}``: everything changed."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError(f"not a change notification: {text[:100]!r}")
+    out: dict[str, set[tuple[str, ...]] | None] = {}
+    for counter, keys in raw.items():
+        out[str(counter)] = (
+            None if keys == EVERYTHING else {tuple(str(p) for p in key) for key in keys}
+        )
+    return out
+
+
+class Notifier:
+    """Reports committed changes: the callback at once, the NOTIFY rate-limited."""
+
+    def __init__(self, on_change: ChangeCallback | None, *, notify: bool, interval: float) -> None:
+        self.on_change = on_change
+        self.notify = notify
+        self.interval = interval
+        self._pending: Changes = {}
+        self._last_sent: float | None = None
+        self.notifications = 0
+        self.callback_errors = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether anyone listens (the drain notes its changes only then)."""
+        return self.on_change is not None or self.notify
+
+    def committed(self, conn: Conn, changes: Changes) -> None:
+        """A batch committed these changes: call back, and notify when due."""
+        if not changes:
+            return
+        if self.on_change is not None:
+            try:
+                self.on_change(changes)
+            except Exception:
+                self.callback_errors += 1
+                logger.exception("the change callback failed (the worker goes on)")
+        if self.notify:
+            merge(self._pending, changes)
+            self.flush(conn)
+
+    def flush(self, conn: Conn, *, force: bool = False) -> bool:
+        """Send the pending changes in one NOTIFY if the interval has passed (or
+        ``force``); True if one was sent."""
+        if not self._pending:
+            return False
+        now = time.monotonic()
+        if not force and self._last_sent is not None and now - self._last_sent < self.interval:
+            return False
+        conn.execute(
+            _sql("notify_changes"), {"channel": CHANNEL, "payload": payload(self._pending)}
+        )
+        self._pending = {}
+        self._last_sent = now
+        self.notifications += 1
+        return True

@@ -1,0 +1,20 @@
+-- Change notifications: which counters and keys a drain batch changed.
+
+-- name: note_changes
+-- ask this transaction's drain batches to note the keys they change
+SELECT pg_catalog.set_config('pgcounters.note_changes', 'on', true);
+
+-- name: noted_changes
+-- the keys the batches of this transaction changed (before it commits): the noted JSON
+-- array as text, and the key types of the counters it names (JSON object name -> types)
+SELECT c.noted,
+       (SELECT jsonb_object_agg(t.name, t.key_types)
+          FROM pgcounters.targets AS t
+         WHERE t.name IN (SELECT DISTINCT e.value ->> 0
+                            FROM jsonb_array_elements(c.noted::jsonb) AS e))
+  FROM (SELECT coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')
+               AS noted) AS c;
+
+-- name: notify_changes
+-- one notification for listeners in other processes
+SELECT pg_catalog.pg_notify(%(channel)s, %(payload)s);
