@@ -381,7 +381,7 @@ def test_upgrade_leaves_btree_gist_in_use_by_the_database_owner_alone(empty_dsn:
                 )
                 notices: list[str] = []
                 conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-                assert schema.upgrade(conn) == [16]
+                assert schema.upgrade(conn)[:1] == [16]  # then the versions after it
                 assert any("btree_gist stays" in n for n in notices), notices
                 conn.execute("INSERT INTO public.bookings VALUES (1, '[2026-01-01,2026-01-02)')")
                 with pytest.raises(psycopg.errors.ExclusionViolation):
