@@ -3,7 +3,7 @@
 -- extension itself is compared.
 
 -- name: privileges_function
--- a session helper: effective privileges (the defaults when the ACL is NULL), one per line
+-- a temporary function (pg_temp) of the comparing connection: effective privileges (the defaults when the ACL is NULL), one per line
 CREATE OR REPLACE FUNCTION pg_temp.privileges(acl aclitem[], kind "char", owner oid) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(string_agg(g.line, E'\n' ORDER BY g.line), 'none')
