@@ -20,7 +20,7 @@ from pgcounters.connection import Conn
 from pgcounters.contrib.django import declared_counters
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.migration_deps import adds_counter_trigger
-from pgcounters.recount import verify
+from pgcounters.repair import verify
 from pgcounters.specs import ColumnTarget
 from pgcounters.triggers import drift, installed, record, uninstall
 

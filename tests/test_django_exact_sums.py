@@ -25,7 +25,7 @@ from pgcounters.contrib.django import CountField, DecimalSumField, Exact, SumFie
 from pgcounters.contrib.django.db import dsn
 from pgcounters.contrib.django.declarations import _summed_column
 from pgcounters.errors import InvalidCounterDefinition
-from pgcounters.recount import recount, verify
+from pgcounters.repair import recount, verify
 from support import tamper
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -18,7 +18,7 @@ from pgcounters import Counters, triggers
 from pgcounters.contrib.django import CountField, SumField
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.errors import InvalidCounterDefinition, PgCountersError
-from pgcounters.recount import verify
+from pgcounters.repair import verify
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgcounters import Counters
-from pgcounters.recount import verify
+from pgcounters.repair import verify
 
 MODELS = """
 from django.db import models

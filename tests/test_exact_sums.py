@@ -21,7 +21,7 @@ from pgcounters.errors import (
     InvalidCounterDefinition,
     InvalidDelta,
 )
-from pgcounters.recount import recount, verify
+from pgcounters.repair import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
 from support import tamper
 

@@ -40,7 +40,7 @@ from pgcounters.errors import (
     StatementTimeout,
 )
 from pgcounters.quotas import Quotas
-from pgcounters.recount import recount, verify
+from pgcounters.repair import recount, verify
 from pgcounters.schema import install
 from support import set_database_clock, wait_for
 

@@ -26,7 +26,7 @@ from pgcounters.connection import Conn
 from pgcounters.errors import PgCountersError
 from pgcounters.keys import NAME_RE
 from pgcounters.quotas import Quotas
-from pgcounters.recount import recount, verify
+from pgcounters.repair import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 from support import set_clock
 

@@ -13,7 +13,7 @@ import psycopg
 
 from pgcounters import Counters
 from pgcounters.connection import Conn
-from pgcounters.recount import recount
+from pgcounters.repair import recount
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
 from pgcounters.triggers import install
 from pgcounters.worker import Worker, WorkerSettings

@@ -13,7 +13,7 @@ import pytest
 import blog_schema
 from pgcounters import BatchAborted, Counters, cli
 from pgcounters.connection import Conn
-from pgcounters.recount import RecountResult, recount, verify
+from pgcounters.repair import RecountResult, recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
 from pgcounters.triggers import install
 from support import deadlocks, lock_waiters, tamper, wait_for

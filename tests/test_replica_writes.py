@@ -12,7 +12,7 @@ import blog_schema
 from pgcounters import Counters, backfill, status, triggers
 from pgcounters.connection import Conn
 from pgcounters.errors import CounterBroken, InvalidCounterDefinition, UnknownCounter
-from pgcounters.recount import recount
+from pgcounters.repair import recount
 from pgcounters.status import get_status
 
 ARTICLE = "blog.article.public_comments"

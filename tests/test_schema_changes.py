@@ -12,7 +12,7 @@ from pgcounters import Counters, backfill, triggers
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translate
 from pgcounters.errors import CounterBroken, InvalidCounterDefinition
-from pgcounters.recount import recount, verify
+from pgcounters.repair import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec
 
 ARTICLE = "blog.article.public_comments"

@@ -19,7 +19,7 @@ from pgcounters.cli import run
 from pgcounters.connection import Conn
 from pgcounters.errors import ConfigurationError, CounterBackfilling, PermissionDenied
 from pgcounters.quotas import Quotas
-from pgcounters.recount import recount, verify
+from pgcounters.repair import recount, verify
 from pgcounters.status import get_status
 from roles import login_role
 from support import set_clock, tamper

@@ -15,7 +15,7 @@ import pytest
 import blog_schema
 from pgcounters import Counters, triggers
 from pgcounters.connection import Conn
-from pgcounters.recount import recount, verify
+from pgcounters.repair import recount, verify
 from pgcounters.specs import CounterSpec, NamedTarget
 
 MODES = ["queued", "unlogged", "direct"]

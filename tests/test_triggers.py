@@ -20,7 +20,7 @@ from pgcounters import Counters, triggers
 from pgcounters.compiler import compile_spec, trigger_name
 from pgcounters.connection import Conn
 from pgcounters.errors import InvalidCounterDefinition, UnknownCounter
-from pgcounters.recount import recount, verify
+from pgcounters.repair import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
 from support import tamper, wait_for_lock_wait
 

@@ -25,7 +25,7 @@ import truth
 from pgcounters import Counters, cli, install, triggers
 from pgcounters.connection import Conn
 from pgcounters.embedded import EmbeddedPostgres
-from pgcounters.recount import verify
+from pgcounters.repair import verify
 from pgcounters.specs import CounterSpec
 from support import tamper
 

@@ -6,8 +6,8 @@ The parts beyond the core (the worker, the increment buffers, Redis, PL/Proxy,
 the embedded server) are imported on first use, so ``import pgcounters`` stays
 light and needs no optional dependency.
 
-``recount`` and ``verify`` are the functions; the module they are defined in
-is reached as ``from pgcounters.recount import ...`` only by the package itself.
+``recount`` and ``verify`` are functions, defined in the internal module
+``pgcounters.repair``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from pgcounters.errors import (
 )
 from pgcounters.estimates import estimate_query, estimate_table
 from pgcounters.quotas import AsyncQuotas, CallResult, Quota, QuotaLimit, Quotas
-from pgcounters.recount import RecountResult, VerifyResult, recount, verify
+from pgcounters.repair import RecountResult, VerifyResult, recount, verify
 from pgcounters.schema import install, upgrade
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 

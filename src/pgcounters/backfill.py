@@ -35,7 +35,7 @@ from psycopg.rows import tuple_row
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
 from pgcounters.errors import InvalidArgument
-from pgcounters.recount import (
+from pgcounters.repair import (
     _composed,
     _create_named_rows,
     _named_keys,

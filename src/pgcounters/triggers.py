@@ -510,7 +510,7 @@ def paused(conn: Conn, *names: str) -> Iterator[None]:
     """Counting is paused on this connection for the named counters (default: all).
 
     For bulk imports: rows written meanwhile on this connection are not
-    counted. Run a recount afterwards (:func:`pgcounters.recount.recount`).
+    counted. Run a recount afterwards (:func:`pgcounters.recount`).
     Other connections keep counting.
     """
     for name in names:

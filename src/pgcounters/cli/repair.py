@@ -27,7 +27,7 @@ from pgcounters.errors import ConfigurationError
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from pgcounters.recount import VerifyResult
+    from pgcounters.repair import VerifyResult
     from pgcounters.specs import CounterSpec
 
 
@@ -45,7 +45,7 @@ def _key_json(key: Sequence[object]) -> list[object]:
 
 def _cmd_verify(args: argparse.Namespace, dsn: str) -> int:
     from pgcounters import backfill
-    from pgcounters.recount import verify
+    from pgcounters.repair import verify
 
     with connect(dsn) as conn:
         specs = _chosen_specs(conn, args.counter)
@@ -169,7 +169,7 @@ class _ProgressBar:
 
 
 def _cmd_recount(args: argparse.Namespace, dsn: str) -> int:
-    from pgcounters.recount import recount
+    from pgcounters.repair import recount
 
     ranged = args.key_from is not None or args.key_to is not None
     show = not args.no_progress and sys.stderr.isatty()

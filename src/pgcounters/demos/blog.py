@@ -15,7 +15,7 @@ statement-level triggers. Then, for a while, at the same time:
 * halfway, a counter is broken by hand and every counter is recounted.
 
 Then everything stops, the queues are drained, and every counter is compared
-with the truth (the subquery, :func:`pgcounters.recount.verify`), and the
+with the truth (the subquery, :func:`pgcounters.verify`), and the
 quota's usage with its limit.
 """
 
@@ -35,7 +35,7 @@ from pgcounters.config import connect
 from pgcounters.connection import Conn
 from pgcounters.demos import sqlfiles
 from pgcounters.quotas import Quotas
-from pgcounters.recount import recount, verify
+from pgcounters.repair import recount, verify
 from pgcounters.schema import install
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 from pgcounters.worker import Worker, WorkerSettings

@@ -1,4 +1,4 @@
--- Named statements of verify, recount and backfill (recount.py, backfill.py).
+-- Named statements of verify, recount and backfill (repair.py, backfill.py).
 -- Each block starts with "-- name: NAME" and a one-line description. Blocks
 -- with {placeholders} are composed with psycopg.sql: identifiers of the counted
 -- tables, the compiled truth query, key sets and literals quoted by psycopg.

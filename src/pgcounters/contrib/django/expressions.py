@@ -105,7 +105,7 @@ def truth_of_key(spec: CounterSpec, key_sql: str) -> str:
     from psycopg import sql
 
     from pgcounters.compiler import truth_query
-    from pgcounters.recount import _key_expr
+    from pgcounters.repair import _key_expr
 
     extra = sql.SQL("{} = {}").format(_key_expr(spec), sql.SQL(key_sql))
     if spec.scale is not None:  # the truth in units, as a decimal

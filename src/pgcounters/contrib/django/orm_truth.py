@@ -29,7 +29,7 @@ from pgcounters.client import value_of
 from pgcounters.contrib.django.declarations import CounterColumn, NamedCounter, _named, key_type_of
 from pgcounters.errors import InvalidKey, UnknownCounter
 from pgcounters.keys import Key, KeyType, decode_key
-from pgcounters.recount import Mismatch, VerifyResult
+from pgcounters.repair import Mismatch, VerifyResult
 from pgcounters.sqlfiles import named
 
 

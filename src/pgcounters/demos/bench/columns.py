@@ -27,7 +27,7 @@ from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
 from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
-from pgcounters.recount import recount
+from pgcounters.repair import recount
 from pgcounters.schema import install
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, Table
 
