@@ -31,8 +31,6 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, TypeAlias
 
-from psycopg import Cursor
-
 from pgcounters.connection import Conn
 from pgcounters.errors import InvalidKey
 from pgcounters.keys import Key, KeyType, decode_key
@@ -57,17 +55,6 @@ ChangeCallback: TypeAlias = Callable[[Changes], object]
 
 def _sql(name: str) -> str:
     return named("notifications.sql")[name]
-
-
-def note_changes(cur: Cursor[Any]) -> None:
-    """Ask the drain batches of the cursor's open transaction to note their changes."""
-    cur.execute(_sql("note_changes"))
-
-
-def noted_changes(cur: Cursor[Any]) -> Changes:
-    """The counters and keys the drain batches of the open transaction changed so far."""
-    cur.execute(_sql("noted_changes"))
-    return decode_noted(cur.fetchone())
 
 
 def statement(name: str) -> str:
