@@ -167,7 +167,7 @@ def _script_block(name: str, version: int = 0, migration_name: str = "") -> str:
     return _PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], text).rstrip() + ";\n"
 
 
-def script(from_version: int | None = None) -> str:
+def script(from_version: int | None = None, *, transaction: bool = True) -> str:
     """The schema as a plain SQL script, for psql or any migration tool.
 
     With no ``from_version``: the install script, ``schema.sql`` and any migration newer
@@ -175,7 +175,9 @@ def script(from_version: int | None = None) -> str:
     from that version, the migrations after it, each recorded. Either is one transaction
     under the advisory lock :func:`install` and :func:`upgrade` take, and refuses (raises
     an error, changing nothing) a database it was not written for: an install script one
-    where the schema exists, an upgrade script one at another version.
+    where the schema exists, an upgrade script one at another version. With
+    ``transaction=False`` the script has no ``BEGIN`` and no ``COMMIT`` (it takes the lock
+    in the transaction it runs in): for a migration tool that runs it in its own.
     """
     latest = sqlfiles.latest_version()
     if from_version is not None and (
@@ -190,7 +192,7 @@ def script(from_version: int | None = None) -> str:
         f"-- pgcounters schema version {latest}: "
         + ("install script" if from_version is None else f"upgrade from version {from_version}")
         + "\n",
-        _script_block("script_begin"),
+        _script_block("script_begin" if transaction else "script_lock"),
     ]
     after = from_version
     if from_version is None:
@@ -209,5 +211,6 @@ def script(from_version: int | None = None) -> str:
                 migration.sql.rstrip() + "\n",
                 _script_block("script_record", migration.version, migration.name),
             ]
-    parts.append(_script_block("script_commit"))
+    if transaction:
+        parts.append(_script_block("script_commit"))
     return "\n".join(parts)

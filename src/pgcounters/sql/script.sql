@@ -8,6 +8,10 @@
 BEGIN;
 DO $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('pgcounters.install')); END $$;
 
+-- name: script_lock
+-- the opening of a script run in a transaction of its own tool: one install or upgrade at a time
+DO $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('pgcounters.install')); END $$;
+
 -- name: script_expect_absent
 -- an install script refuses a database where the schema is installed already
 DO $$
