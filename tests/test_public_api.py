@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 
 import pgcounters
+import pgcounters.contrib.alembic as pgcounters_alembic
 import pgcounters.contrib.asgi as pgcounters_asgi
 import pgcounters.contrib.django as pgcounters_django
+import pgcounters.contrib.sqlalchemy as pgcounters_sqlalchemy
 from pgcounters.errors import PgCountersError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +34,8 @@ PUBLIC = {
     "pgcounters": pgcounters,
     "pgcounters.contrib.django": pgcounters_django,
     "pgcounters.contrib.asgi": pgcounters_asgi,
+    "pgcounters.contrib.sqlalchemy": pgcounters_sqlalchemy,
+    "pgcounters.contrib.alembic": pgcounters_alembic,
 }
 
 
@@ -176,13 +180,14 @@ def test_importing_pgcounters_loads_no_optional_part() -> None:
     code = (
         "import sys, pgcounters\n"
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('redis', 'django', 'tqdm', 'matplotlib', 'pgcounters'))))"
+        "('redis', 'django', 'tqdm', 'matplotlib', 'sqlalchemy', 'alembic', 'pgcounters'))))"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.split()
     assert "pgcounters.repair" in loaded  # the check can see what is loaded
-    for absent in ("redis", "django", "tqdm", "matplotlib", "pgcounters.worker",
+    for absent in ("redis", "django", "tqdm", "matplotlib", "sqlalchemy", "alembic",
+                   "pgcounters.worker",
                    "pgcounters.redis_buffer", "pgcounters.batching", "pgcounters.embedded",
                    "pgcounters.cli", "pgcounters.demo", "pgcounters.demo_blog",
                    "pgcounters.workloads", "pgcounters.bench", "pgcounters.async_worker",

@@ -231,6 +231,8 @@ def drop_statements(
     statements += [
         render(sqlfiles.query("forget_spec"), {"name": name}),
         render(sqlfiles.named("recount.sql")["backfill_cancel"], (name,)),
+        # the watch of replica-mode writes leaves a table no counter reads any more
+        render(sqlfiles.query("follow_descendants"), {"name": None, "apply": True}),
     ]
     return statements
 
