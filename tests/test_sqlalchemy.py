@@ -397,6 +397,7 @@ def test_the_async_engine(dsn: str) -> None:
                     await session.execute(select(*(exact(getattr(Article, n)) for n in COUNTED)))
                 ).one()
                 assert tuple(row) == (8, 4, 28, Decimal("0.00"), 8)
+                assert [type(v) for v in row] == [int, int, int, Decimal, int]
             async with engine.connect() as conn:
                 expected = await conn.run_sync(truth)
                 assert await conn.run_sync(exact_values) == expected

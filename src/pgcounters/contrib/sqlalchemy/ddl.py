@@ -331,4 +331,6 @@ def exact_sql(spec: CounterSpec) -> str:
         pending_unlogged=pending[1],
         truth=truth,
     )
+    if spec.scale is None:  # sum() of bigints is a numeric: an integer counter reads as one
+        return _text(sql.SQL("(({})::bigint)").format(units))
     return _text(sql.SQL("({})").format(column_value(spec, units)))

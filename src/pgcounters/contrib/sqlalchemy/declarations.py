@@ -226,9 +226,11 @@ def spec_of(column: Column[Any]) -> CounterSpec:
     if isinstance(declaration.filter, Fragment):
         where = declaration.filter
     elif declaration.filter is not None:
-        condition = declaration.filter
+        condition: Any = declaration.filter
         if not isinstance(condition, ColumnElement):
             condition = condition(source_mapper.class_)
+        if hasattr(condition, "__clause_element__"):  # a boolean attribute of the model
+            condition = condition.__clause_element__()
         if not isinstance(condition, ColumnElement):
             raise InvalidCounterDefinition(f"{what}: the filter is not an SQL condition")
         where = fragment(condition, source)
