@@ -178,6 +178,7 @@ def test_autogenerate_upgrade_offline_and_downgrade(
         assert _stored(other) == _truth(other)
 
     _alembic(project, "upgrade", "head")
+    _alembic(project, "check")  # the database is what the models declare
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         expected = _truth(conn)
         assert _stored(conn) == expected  # the rows already there are counted
@@ -192,6 +193,9 @@ def test_autogenerate_upgrade_offline_and_downgrade(
 
     # the models change: one filter is another, one column is no longer counted
     _models(project, comment_count=PLAIN, status="hidden")
+    differences = _failing(project, "check")
+    assert "('change_counter', 'sa_article.public_comments')" in differences
+    assert "('drop_counter', 'sa_article.comment_count')" in differences
     second = _revision(project, "changed")
     assert second.count("op.change_counter(") == 2  # the upgrade, and its downgrade
     assert "op.drop_counter(\n        'sa_article.comment_count'" in second
@@ -209,6 +213,9 @@ def test_autogenerate_upgrade_offline_and_downgrade(
     _alembic(project, "downgrade", "-1")
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert _stored(conn) == _truth(conn)
+    undo = _alembic(project, "downgrade", "head:base", "--sql")  # offline, the way back too
+    assert "DROP TRIGGER IF EXISTS" in undo
+    assert "DELETE FROM pgcounters.specs" in undo
     _alembic(project, "downgrade", "base")
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert _triggers(conn) == 0

@@ -4,6 +4,7 @@ agrees with the truth (a count(*) / sum over the related table) after each."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -43,6 +44,7 @@ from pgcounters.contrib.sqlalchemy import (
 from pgcounters.errors import InvalidCounterDefinition, SchemaNotInstalled
 from pgcounters.specs import CounterSpec, NamedTarget
 from sqlalchemy_models import COUNTED, Article, Base, Comment, url
+from support import wait_for_lock_wait
 
 
 @pytest.fixture
@@ -228,6 +230,47 @@ def test_install_counts_the_rows_already_there(engine: Engine) -> None:
         assert conn.execute(text("SELECT count(*) FROM pgcounters.backfills")).scalar() == 0
     with engine.begin() as conn:  # nothing to do a second time
         assert install_counters(conn, Base.metadata) == []
+
+
+def test_a_writer_beside_the_install_is_counted_once(engine: Engine, dsn: str) -> None:
+    """Rows a transaction writes while the counters are installed: the install waits for it
+    (its CREATE TRIGGER needs the table), then counts its rows, exactly once."""
+    with engine.begin() as conn:
+        conn.execute(insert(Article), [{"id": 1}, {"id": 2}])
+        conn.execute(insert(Comment), [{"article_id": 1, "score": 2}] * 5)
+    errors: list[BaseException] = []
+    with (
+        psycopg.connect(dsn) as writer,
+        psycopg.connect(dsn, autocommit=True) as observer,
+        engine.connect() as conn,
+    ):
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        conn.commit()
+        writer.execute(
+            "INSERT INTO sa_comment (article_id, status, score, amount)"
+            " VALUES (1, 'public', 3, 1.50), (2, 'hidden', 4, 2.25)"
+        )
+
+        def install() -> None:
+            try:
+                with conn.begin():
+                    install_counters(conn, Base.metadata)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=install)
+        thread.start()
+        wait_for_lock_wait(observer, pid)  # the install waits for the writer
+        writer.commit()
+        thread.join()
+    assert not errors
+    expected = check(engine)
+    assert expected[1]["comment_count"] == 6
+    assert expected[2]["score_total"] == 4
+    with psycopg.connect(dsn, autocommit=True) as raw:
+        Counters(raw).drain()
+    with engine.connect() as conn:
+        assert stored(conn) == expected
 
 
 def test_a_failed_install_leaves_nothing(engine: Engine) -> None:

@@ -121,6 +121,9 @@ class InstallSchemaOp(MigrateOperation):
     def reverse(self) -> MigrateOperation:
         return SchemaStaysOp()
 
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("install_pgcounters", self.from_version)
+
 
 @Operations.register_operation("pgcounters_schema_stays")
 class SchemaStaysOp(MigrateOperation):
@@ -132,6 +135,9 @@ class SchemaStaysOp(MigrateOperation):
 
     def reverse(self) -> MigrateOperation:
         return InstallSchemaOp()
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("pgcounters_schema_stays",)
 
 
 @Operations.implementation_for(InstallSchemaOp)
@@ -172,6 +178,9 @@ class CreateCounterOp(MigrateOperation):
     def reverse(self) -> MigrateOperation:
         return DropCounterOp(self.spec.name, previous=self.spec.to_json())
 
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("create_counter", self.spec.name)
+
 
 @Operations.register_operation("change_counter")
 class ChangeCounterOp(MigrateOperation):
@@ -204,6 +213,9 @@ class ChangeCounterOp(MigrateOperation):
 
     def reverse(self) -> MigrateOperation:
         return ChangeCounterOp(self.previous.to_json(), previous=self.spec.to_json())
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("change_counter", self.spec.name)
 
 
 @Operations.register_operation("drop_counter")
@@ -245,6 +257,9 @@ class DropCounterOp(MigrateOperation):
                 f"drop_counter({self.name!r}) cannot be reversed without its previous definition"
             )
         return CreateCounterOp(self.previous.to_json())
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("drop_counter", self.name)
 
 
 @Operations.implementation_for(CreateCounterOp)
