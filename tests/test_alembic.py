@@ -237,3 +237,23 @@ def test_a_migration_failing_half_way_leaves_nothing(tmp_path: Path, empty_dsn: 
         assert not _installed(conn)
         assert _triggers(conn) == 0
         assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (0,)
+
+
+def test_new_tables_and_their_counters_in_one_revision(tmp_path: Path, empty_dsn: str) -> None:
+    project = _project(tmp_path / "project", empty_dsn, "async")
+    first = _revision(project, "everything")
+    upgrade = first[: first.index("def downgrade")]
+    # the tables first, then the schema and the counters over them
+    assert upgrade.index("op.create_table('sa_comment'") < upgrade.index("op.install_pgcounters()")
+    assert upgrade.index("op.install_pgcounters()") < upgrade.index("op.create_counter(")
+    downgrade = first[first.index("def downgrade") :]
+    assert downgrade.index("op.drop_counter(") < downgrade.index("op.drop_table('sa_comment')")
+    _alembic(project, "upgrade", "head")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO sa_article (id) VALUES (1)")
+        conn.execute("INSERT INTO sa_comment (article_id, status) VALUES (1, 'public'), (1, 'x')")
+        Counters(conn).drain()
+        assert _stored(conn) == _truth(conn) == [(1, 2, 1)]
+    _alembic(project, "downgrade", "base")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('sa_article')").fetchone() == (None,)
