@@ -35,13 +35,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_col
 from pgcounters import Counters
 from pgcounters.contrib.sqlalchemy import (
     counted,
+    counter_spec,
     counter_specs,
     declare_counter,
     exact,
     install_counters,
     install_schema,
 )
-from pgcounters.errors import InvalidCounterDefinition, SchemaNotInstalled
+from pgcounters.errors import InvalidArgument, InvalidCounterDefinition, SchemaNotInstalled
 from pgcounters.specs import CounterSpec, NamedTarget
 from sqlalchemy_models import COUNTED, Article, Base, Comment, url
 from support import wait_for_lock_wait
@@ -108,6 +109,9 @@ def test_the_models_declare_their_counters() -> None:
     assert public.where.params == ("public",)
     assert specs["sa_article.amount_total"].scale == 2
     assert specs["sa.article.direct"].mode == "direct"
+    assert counter_spec(Article.public_comments) == public
+    with pytest.raises(InvalidArgument, match="not a pgcounters counted"):
+        exact(Article.title)
     column = Article.__table__.c.comment_count
     assert str(column.type) == "BIGINT"
     assert not column.nullable
@@ -346,7 +350,8 @@ ELSEWHERE = Table("elsewhere", MetaData(), Column("x", Integer))
 
 
 def _declare(via: str, **options: Any) -> MetaData:
-    """Fresh models of a parent and its children with one counted column on the parent."""
+    """Fresh models of a parent and its children with one counted column on the parent (the
+    relationship and the column added once both classes exist)."""
 
     class Other(DeclarativeBase):
         pass
@@ -355,16 +360,16 @@ def _declare(via: str, **options: Any) -> MetaData:
         __tablename__ = "bad_parent"
         id: Mapped[int] = mapped_column(primary_key=True)
         title: Mapped[str] = mapped_column(String(10))
-        children: Mapped[list[Child]] = relationship()
-        probe: Mapped[int] = counted(via, **options)
 
     class Child(Other):
         __tablename__ = "bad_child"
         id: Mapped[int] = mapped_column(primary_key=True)
         parent_id: Mapped[int] = mapped_column(ForeignKey("bad_parent.id"))
         ratio: Mapped[float] = mapped_column()
-        parent: Mapped[Parent] = relationship(overlaps="children")
 
+    Parent.children = relationship(Child)
+    Parent.probe = counted(via, **options)
+    Other.metadata.info["classes"] = (Parent, Child)  # alive as long as the test needs them
     return Other.metadata
 
 
@@ -403,9 +408,10 @@ def _declare_reverse() -> MetaData:
         __tablename__ = "c"
         id: Mapped[int] = mapped_column(primary_key=True)
         parent_id: Mapped[int] = mapped_column(ForeignKey("p.id"))
-        parent: Mapped[Parent] = relationship()
-        wrong: Mapped[int] = counted("parent")
 
+    Child.parent = relationship(Parent)
+    Child.wrong = counted("parent")
+    Other.metadata.info["classes"] = (Parent, Child)
     return Other.metadata
 
 

@@ -2,7 +2,8 @@
 
 * :func:`counted`: a counter column on a model, kept by triggers on the related table;
 * :func:`exact`: its exact value in a ``select()`` (stored + pending deltas);
-* :func:`counter_specs`: the core specs of a metadata's counters;
+* :func:`counter_spec` / :func:`counter_specs`: the core spec of a counted column, and
+  those of every counter of a metadata;
 * :func:`declare_counter`: any other spec (a named counter) declared beside them;
 * :func:`install_schema` and :func:`install_counters`: install the schema and the
   counters in a connection's transaction, with the backfill of the rows already there
@@ -22,6 +23,7 @@ from pgcounters.contrib.sqlalchemy import ddl
 from pgcounters.contrib.sqlalchemy.declarations import (
     Exact,
     counted,
+    counter_spec,
     counter_specs,
     declare_counter,
     exact,
@@ -32,6 +34,7 @@ from pgcounters.sqlfiles import latest_version
 __all__ = [
     "Exact",
     "counted",
+    "counter_spec",
     "counter_specs",
     "declare_counter",
     "exact",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -112,17 +113,28 @@ def counted(
     return mapped_column(type_, info=info, **column_options)
 
 
-@event.listens_for(Mapper, "mapper_configured")
+_MAPPERS: weakref.WeakSet[Mapper[Any]] = weakref.WeakSet()
+
+
+@event.listens_for(Mapper, "after_mapper_constructed")
 def _remember_mapper(mapper: Mapper[Any], class_: type[Any]) -> None:
-    """A counted column's declaration learns the mapper of its table (its relationships)."""
-    for column in mapper.columns:
-        declaration = getattr(column, "info", {}).get(INFO_KEY)
+    """Every mapper, to find the one of a counted column's table (its relationships)."""
+    _MAPPERS.add(mapper)
+
+
+def _mapper_of(column: Column[Any]) -> Mapper[Any] | None:
+    """The mapper of the class whose table holds ``column`` (of a single-table inheritance
+    tree, its base), once the mappers are configured."""
+    configure_mappers()
+    for mapper in list(_MAPPERS):
+        inherited = mapper.inherits is not None and mapper.inherits.local_table is column.table
         if (
-            isinstance(declaration, Declaration)
-            and declaration.mapper is None
-            and column.table is mapper.local_table
+            mapper.local_table is column.table
+            and not inherited
+            and mapper.columns.contains_column(column)
         ):
-            declaration.mapper = mapper
+            return mapper
+    return None
 
 
 def declaration_of(column: Column[Any]) -> Declaration | None:
@@ -192,7 +204,7 @@ def spec_of(column: Column[Any]) -> CounterSpec:
     if declaration is None:
         raise InvalidArgument(f"column {column} is not a pgcounters counted() column")
     if declaration.mapper is None:
-        configure_mappers()
+        declaration.mapper = _mapper_of(column)
     mapper = declaration.mapper
     what = f"{column.table.name}.{column.name}"
     if mapper is None:
@@ -352,18 +364,24 @@ def _compile_exact(element: Exact, compiler: SQLCompiler, **kw: Any) -> str:
     return text.replace(ddl.KEY_SLOT, key).replace(ddl.COLUMN_SLOT, column)
 
 
+def counter_spec(attribute: Any) -> CounterSpec:
+    """The core spec of a counted column, from its model attribute (``Article.comment_count``)."""
+    prop = getattr(attribute, "property", None)
+    columns = getattr(prop, "columns", None)
+    column = columns[0] if columns else None
+    if not isinstance(column, Column) or declaration_of(column) is None:
+        raise InvalidArgument(f"{attribute!r} is not a pgcounters counted() column")
+    return spec_of(column)
+
+
 def exact(attribute: Any) -> ColumnElement[Any]:
     """``select(Article.id, exact(Article.comment_count))``: the exact value of a counted
     column in a query (stored + pending deltas, from the statement's snapshot), for the
     class or an ``aliased()`` one."""
     from sqlalchemy import inspect
 
-    prop = getattr(attribute, "property", None)
-    columns = getattr(prop, "columns", None)
-    column = columns[0] if columns else None
-    if not isinstance(column, Column) or declaration_of(column) is None:
-        raise InvalidArgument(f"{attribute!r} is not a pgcounters counted() column")
-    spec = spec_of(column)
+    spec = counter_spec(attribute)
+    column = attribute.property.columns[0]
     target = spec.target
     assert isinstance(target, ColumnTarget)
     entity = inspect(attribute.parent.entity)
