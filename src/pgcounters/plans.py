@@ -7,7 +7,10 @@ result, run a nested plan in a :class:`Transaction`, :class:`Sleep`, look at the
 :class:`Connection`'s state) and receives each step's result, until it returns the
 operation's value. Errors raised by a step are thrown back into the plan at the
 ``yield`` (so a plan may catch a deadlock and retry); what escapes the plan is
-translated into the pgcounters exception hierarchy by the executor.
+translated into the pgcounters exception hierarchy by the executor. A cancellation
+(``asyncio.CancelledError``, ``KeyboardInterrupt``) is thrown into the plan as well, so
+that a plan's ``finally`` (or ``except BaseException``) can put back what it changed on
+the connection before it propagates.
 
 :func:`run` drives a plan on a psycopg ``Connection``, :func:`run_async` on an
 ``AsyncConnection``. They are the only code written twice, and they know nothing of
@@ -112,7 +115,7 @@ def run(plan: Plan[T], conn: Conn, read_conn: Conn | None = None) -> T:
 
 def _drive(plan: Plan[T], conn: Conn, read_conn: Conn) -> T:
     result: Any = None
-    error: Exception | None = None
+    error: BaseException | None = None
     while True:
         try:
             step = plan.send(result) if error is None else plan.throw(error)
@@ -122,7 +125,7 @@ def _drive(plan: Plan[T], conn: Conn, read_conn: Conn) -> T:
         error = None
         try:
             result = _step(step, conn, read_conn)
-        except Exception as exc:
+        except BaseException as exc:  # KeyboardInterrupt too: the plan may clean up
             result, error = None, exc
 
 
@@ -155,7 +158,7 @@ async def run_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn | None 
 
 async def _drive_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn) -> T:
     result: Any = None
-    error: Exception | None = None
+    error: BaseException | None = None
     while True:
         try:
             step = plan.send(result) if error is None else plan.throw(error)
@@ -165,7 +168,7 @@ async def _drive_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn) -> 
         error = None
         try:
             result = await _step_async(step, conn, read_conn)
-        except Exception as exc:
+        except BaseException as exc:  # a cancelled task too: the plan may clean up
             result, error = None, exc
 
 
