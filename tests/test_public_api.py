@@ -22,6 +22,7 @@ import pytest
 import pgcounters
 import pgcounters.contrib.asgi as pgcounters_asgi
 import pgcounters.contrib.django as pgcounters_django
+import pgcounters.contrib.starlette as pgcounters_starlette
 from pgcounters.errors import PgCountersError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +33,7 @@ PUBLIC = {
     "pgcounters": pgcounters,
     "pgcounters.contrib.django": pgcounters_django,
     "pgcounters.contrib.asgi": pgcounters_asgi,
+    "pgcounters.contrib.starlette": pgcounters_starlette,
 }
 
 
