@@ -264,3 +264,33 @@ def test_define_from_the_command_line(dsn: str, capsys: pytest.CaptureFixture[st
                  "--window", "sliding:hour", "--granularity", "5m"])  # fmt: skip
     assert code == 0
     assert "api: window sliding:3600s in buckets of 300s" in capsys.readouterr().out
+
+
+def test_roles_granted_before_the_upgrade_use_sliding_windows(empty_dsn: str) -> None:
+    """An application role and a worker role granted at version 17 read, register and purge
+    sliding quotas once the schema is upgraded, without being granted again."""
+    from pgcounters import schema, sqlfiles
+    from roles import login_role
+
+    with psycopg.connect(empty_dsn, autocommit=True) as admin:
+        for migration in sqlfiles.migrations():
+            if migration.version <= 17:
+                with admin.transaction():
+                    assert schema.apply_migration(admin, migration.filename)
+        with (
+            login_role(empty_dsn, "app") as (app, app_dsn),
+            login_role(empty_dsn, "worker") as (worker, worker_dsn),
+        ):
+            admin.execute("SELECT pgcounters.grant_app(%s)", (app,))
+            admin.execute("SELECT pgcounters.grant_worker(%s)", (worker,))
+            with admin.transaction():
+                assert schema.apply_migration(admin, "0018_sliding_windows")
+            Quotas(admin).define_quota("api", 1, window="sliding:minute")
+            with psycopg.connect(app_dsn, autocommit=True) as conn:
+                q = Quotas(conn)
+                assert q.register_call("api", "k", at=sec(0)).allowed
+                assert not q.register_call("api", "k", at=sec(1)).allowed
+                assert q.status("api", "k", at=sec(1)).used == 1
+                assert [r.subject for r in q.report("api")] == ["k"]
+            with psycopg.connect(worker_dsn, autocommit=True) as conn:
+                assert Quotas(conn).purge(sec(62)).windows == 1  # bucket 1 left at 62

@@ -502,6 +502,32 @@ LANGUAGE sql AS $$
            || pgcounters._grant_worker_sliding(p_role)
 $$;
 
+-- Roles granted before this version get the same rights on sliding windows: the
+-- application roles (SELECT on quota_usage) read them, the worker roles (DELETE on
+-- quota_usage) purge them.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT o.rolname, a.privilege_type
+          FROM pg_catalog.pg_class AS c
+         CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+          JOIN pg_catalog.pg_roles AS o ON o.oid = a.grantee
+         WHERE c.oid = 'pgcounters.quota_usage'::regclass
+           AND a.grantee <> c.relowner
+           AND a.privilege_type IN ('SELECT', 'DELETE')
+         ORDER BY 1, 2
+    LOOP
+        IF r.privilege_type = 'SELECT' THEN
+            PERFORM pgcounters._grant_app_sliding(r.rolname);
+        ELSE
+            PERFORM pgcounters._grant_worker_sliding(r.rolname);
+        END IF;
+    END LOOP;
+END;
+$$;
+
 -- No function of this version is executable by PUBLIC.
 REVOKE EXECUTE ON FUNCTION pgcounters._ring_shift(bigint[], bigint),
     pgcounters._sliding_step(bigint, bigint[], bigint[], bigint[], bigint, bigint, bigint),
