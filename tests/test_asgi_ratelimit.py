@@ -238,3 +238,33 @@ def test_other_scopes_pass_through(dsn: str) -> None:
         assert seen == ["lifespan"]
 
     run_with_pool(dsn, body)
+
+
+def test_a_sliding_rate(dsn: str, conn: Conn) -> None:
+    """``sliding=True`` (or ``"2/sliding:minute"``): a call of 12:00:50 still counts at
+    12:01:10, where a fixed minute would have started afresh."""
+    instants = [T0 + dt.timedelta(seconds=50)]
+
+    async def main() -> None:
+        async with AsyncConnectionPool(dsn, open=False) as pool:
+            quotas = AsyncQuotas(pool, clock=lambda: instants[-1])
+            app = RateLimitMiddleware(
+                hello, quotas=quotas, quota="api", rate="2/minute", sliding=True, key="ip"
+            )
+            same = RateLimitMiddleware(hello, quotas=quotas, quota="api2", rate="2/sliding:minute")
+            for limited in (app, same):
+                assert [(await call(limited))[0] for _ in range(2)] == [200, 200]
+            instants.append(T0 + dt.timedelta(seconds=70))
+            for limited in (app, same):
+                status, headers, _ = await call(limited)
+                assert status == 429
+                # the calls of second 50 leave the window when second 111 begins
+                assert headers["retry-after"] == "41"
+            instants.append(T0 + dt.timedelta(seconds=111))
+            assert (await call(app))[0] == 200
+
+    asyncio.run(main())
+    assert Quotas(conn).quota("api").window == "sliding:60s"
+    assert Quotas(conn).quota("api2").window == "sliding:60s"
+    with pytest.raises(ConfigurationError, match="goes with a rate"):
+        RateLimitMiddleware(hello, quotas=AsyncQuotas.__new__(AsyncQuotas), quota="x", sliding=True)

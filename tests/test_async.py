@@ -42,6 +42,7 @@ from pgcounters.errors import (
     UnknownCounter,
     UnknownQuota,
 )
+from support import lock_waiters
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -490,3 +491,65 @@ def test_async_decimal_twins_and_the_drains_statement_timeout(dsn: str, conn: Co
             assert [(k[0], str(v)) for k, v in ranked] == [(day, "3.80")]
 
     asyncio.run(main())
+
+
+def test_a_cancelled_or_failed_async_drain_puts_the_statement_timeout_back(
+    dsn: str, conn: Conn
+) -> None:
+    """On a pool of one connection: a drain cancelled while its batch waits for a lock, then
+    a drain whose stop callback raises, leave the connection's statement_timeout as it was."""
+    Counters(conn).create_counter("views", int)
+    Counters(conn).incr("views", 1)
+
+    async def timeout_of(pool: AsyncConnectionPool[Any]) -> object:
+        async with pool.connection() as aconn:
+            cur = await aconn.execute("SHOW statement_timeout")
+            row = await cur.fetchone()
+            return None if row is None else row[0]
+
+    def failing_stop() -> bool:
+        raise RuntimeError("the stop callback broke")
+
+    async def main() -> None:
+        async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
+            counters = AsyncCounters(pool)
+            assert await timeout_of(pool) == "0"
+            with psycopg.connect(dsn) as blocker:
+                blocker.execute("LOCK TABLE pgcounters.queue IN SHARE MODE")
+                task = asyncio.create_task(counters.drain(statement_timeout=30))
+                while lock_waiters(conn) == 0:  # the batch waits for the lock
+                    await asyncio.sleep(0.01)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                blocker.rollback()
+            assert await timeout_of(pool) == "0"
+            assert await counters.pending() == (1, 0)  # the cancelled batch rolled back
+            with pytest.raises(RuntimeError, match="stop callback"):
+                await counters.drain(statement_timeout=30, stop=failing_stop)
+            assert await timeout_of(pool) == "0"
+            assert (await counters.drain(statement_timeout=30)).deltas == 1
+            assert await timeout_of(pool) == "0"
+
+    asyncio.run(main())
+
+
+def test_a_first_drain_outside_autocommit_commits_its_batches(dsn: str, conn: Conn) -> None:
+    """The schema check of a new client's first drain runs in a transaction of its own: on a
+    connection outside autocommit it used to open one, in which every batch was only a
+    savepoint, committed by nobody."""
+    Counters(conn).create_counter("views", int)
+    Counters(conn).incr("views", 1)
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn) as aconn:
+            assert not aconn.autocommit
+            assert (await AsyncCounters(aconn).drain()).deltas == 1
+            assert aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+    asyncio.run(main())
+    with psycopg.connect(dsn) as sync_conn:
+        Counters(conn).incr("views", 1)
+        assert Counters(sync_conn).drain().deltas == 1
+        assert sync_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert Counters(conn).get("views", 1, exact=False) == 2

@@ -20,4 +20,7 @@ def test_the_scenario_is_registered_and_reports_both_ratios(dsn: str) -> None:
     targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
     assert targets[("async-pool", "sync-pool")] == 1.0
     assert targets[("async-incr", "psycopg-execute")] == 0.91
+    assert targets[("async-pool", "psycopg-pool")] == 0.91
+    assert targets[("psycopg-pool", "sync-pool")] is None
+    assert "| async-pool | psycopg-pool |" in scenario.table()
     assert "| async-incr | psycopg-execute |" in scenario.table()

@@ -270,3 +270,37 @@ def test_manage_py_pgcounters_quota(quotas: Quotas, capsys: pytest.CaptureFixtur
         call_command("pgcounters", "quota", "call", "api", "user:1")
     assert refused.value.returncode == 4
     assert quotas.status("api", "user:1").rejected == 1
+
+
+def test_a_sliding_rate_on_the_decorator_and_the_middleware(
+    quotas: Quotas, rf: RequestFactory, settings: SettingsWrapper
+) -> None:
+    """``rate="2/minute", sliding=True`` defines a sliding quota on the first request: a call
+    of 12:34:50 still counts at 12:35:10 (a fixed minute would have started afresh)."""
+    view = ratelimit("api", rate="2/minute", sliding=True, key="ip")(ok)
+    try:
+        set_clock(quotas.conn, dt.datetime(2026, 3, 10, 12, 34, 50, tzinfo=dt.UTC))
+        assert [view(request(rf)).status_code for _ in range(2)] == [200, 200]
+        set_clock(quotas.conn, dt.datetime(2026, 3, 10, 12, 35, 10, tzinfo=dt.UTC))
+        refused = view(request(rf))
+        assert refused.status_code == 429
+        # the calls of 12:34:50 leave the window when second 12:35:51 begins
+        assert refused["Retry-After"] == "41"
+        set_clock(quotas.conn, dt.datetime(2026, 3, 10, 12, 35, 51, tzinfo=dt.UTC))
+        assert view(request(rf)).status_code == 200
+    finally:
+        set_clock(quotas.conn, None)
+    quota = quotas.quota("api")
+    assert (quota.window, quota.default_limit, quota.bucket_seconds) == ("sliding:60s", 2, 1)
+
+    settings.PGCOUNTERS_RATELIMIT_QUOTA = "site"
+    settings.PGCOUNTERS_RATELIMIT_RATE = "3/sliding:hour"
+    middleware = RateLimitMiddleware(ok)
+    codes = [middleware(request(rf, "/a")).status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    assert quotas.quota("site").window == "sliding:3600s"
+    settings.PGCOUNTERS_RATELIMIT_RATE = "3/fortnight"
+    with pytest.raises(ImproperlyConfigured, match="PGCOUNTERS_RATELIMIT_RATE"):
+        middleware(request(rf, "/a"))
+    with pytest.raises(ImproperlyConfigured, match="goes with a rate"):
+        ratelimit("api", sliding=True)

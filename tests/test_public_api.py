@@ -24,6 +24,7 @@ import pgcounters.contrib.alembic as pgcounters_alembic
 import pgcounters.contrib.asgi as pgcounters_asgi
 import pgcounters.contrib.django as pgcounters_django
 import pgcounters.contrib.sqlalchemy as pgcounters_sqlalchemy
+import pgcounters.contrib.starlette as pgcounters_starlette
 from pgcounters.errors import PgCountersError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,7 @@ PUBLIC = {
     "pgcounters.contrib.asgi": pgcounters_asgi,
     "pgcounters.contrib.sqlalchemy": pgcounters_sqlalchemy,
     "pgcounters.contrib.alembic": pgcounters_alembic,
+    "pgcounters.contrib.starlette": pgcounters_starlette,
 }
 
 

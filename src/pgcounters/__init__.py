@@ -73,7 +73,7 @@ from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, T
 if TYPE_CHECKING:
     from pgcounters import notifications, status
     from pgcounters.async_worker import AsyncWorker
-    from pgcounters.batching import BatchingCounters
+    from pgcounters.batching import AsyncBatchingCounters, BatchingCounters
     from pgcounters.config import connect, dsn_from_env
     from pgcounters.embedded import EmbeddedPostgres
     from pgcounters.redis_buffer import RedisBuffer
@@ -115,7 +115,8 @@ __all__ = [  # noqa: RUF022
     # -- estimated counts, from the planner's statistics
     "estimate_query",
     "estimate_table",
-    # -- increment buffers, in the process or in Redis
+    # -- increment buffers, in the process (or its event loop) or in Redis
+    "AsyncBatchingCounters",
     "BatchingCounters",
     "RedisBuffer",
     # -- the worker that drains the queues
@@ -198,6 +199,7 @@ __all__ = [  # noqa: RUF022
 # The names loaded on first use (they need an optional dependency, or start threads and
 # servers), and the module each comes from.
 _LAZY = {
+    "AsyncBatchingCounters": "pgcounters.batching",
     "AsyncWorker": "pgcounters.async_worker",
     "BatchingCounters": "pgcounters.batching",
     "EmbeddedPostgres": "pgcounters.embedded",

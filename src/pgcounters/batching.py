@@ -39,7 +39,9 @@ committed: a rolled-back request counts nothing.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -48,16 +50,19 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
-from pgcounters.client import Increment
+from pgcounters.client import Counter, Increment
 from pgcounters.connection import Conn
 from pgcounters.errors import (
     BufferClosed,
     BufferFlushFailed,
     BufferFull,
     ConfigurationError,
+    InvalidCounterDefinition,
     InvalidDelta,
 )
 from pgcounters.flushlog import (
@@ -65,11 +70,15 @@ from pgcounters.flushlog import (
     EncodedIncrement,
     check_buffer_name,
     exact_with_flushes,
+    exact_with_flushes_plan,
     flush_recorded,
+    flush_recorded_plan,
     new_flush_id,
     write_flush,
+    write_flush_plan,
 )
 from pgcounters.keys import BIGINT_MAX, BIGINT_MIN, check_delta, encode_key
+from pgcounters.plans import AsyncConn, Plan
 
 log = logging.getLogger("pgcounters.batching")
 
@@ -104,6 +113,90 @@ def _summed(current: int, delta: int, name: str) -> int:
             f"the buffered sum for counter {name!r} would leave the bigint range; flush first"
         )
     return total
+
+
+class _Pending:
+    """The increments a buffer holds: netted per counter and key, and the batches cut from
+    them that are not written yet. What the sync and the async buffers share; a short
+    ``threading.Lock`` guards it (held for dictionary updates only, never across I/O)."""
+
+    def __init__(self, max_pending: int, max_buffered: int) -> None:
+        self.max_pending = max_pending
+        self.max_buffered = max_buffered
+        self.lock = threading.Lock()
+        self.buf: dict[BufferKey, int] = {}
+        self.count = 0
+        self.batches: list[_Batch] = []
+        self.batched_keys = 0
+        self.closed = False
+
+    def check_room(self, new_keys: int, last_error: BaseException | None) -> None:
+        """Refuse an increment to a closed or full buffer (call with the lock held)."""
+        if self.closed:
+            raise BufferClosed()
+        if new_keys and len(self.buf) + self.batched_keys + new_keys > self.max_buffered:
+            raise BufferFull(
+                f"{len(self.buf) + self.batched_keys} keys are buffered and not written "
+                f"(max_buffered={self.max_buffered}); last error: {last_error}"
+            )
+
+    def absorb(
+        self, deltas: dict[BufferKey, int], increments: int, last_error: BaseException | None
+    ) -> bool:
+        """Add validated, netted increments, all or none; True when the buffer is full."""
+        with self.lock:
+            self.check_room(sum(1 for k in deltas if k not in self.buf), last_error)
+            merged = {k: _summed(self.buf.get(k, 0), d, k[0]) for k, d in deltas.items()}
+            self.buf.update(merged)
+            self.count += increments
+            return self.count >= self.max_pending
+
+    def add(self, k: BufferKey, delta: int, last_error: BaseException | None) -> bool:
+        """Add one validated increment; True when the buffer is full."""
+        with self.lock:
+            self.check_room(0 if k in self.buf else 1, last_error)
+            self.buf[k] = _summed(self.buf.get(k, 0), delta, k[0])
+            self.count += 1
+            return self.count >= self.max_pending
+
+    def cut(self) -> list[_Batch]:
+        """Make what is buffered a batch; every batch not yet written, oldest first."""
+        with self.lock:
+            if self.buf:
+                batch = _Batch(new_flush_id(), self.buf, self.count)
+                self.batches.append(batch)
+                self.batched_keys += len(batch.deltas)
+                self.buf = {}
+                self.count = 0
+            return list(self.batches)
+
+    def written(self, batch: _Batch) -> None:
+        with self.lock:
+            self.batches.remove(batch)
+            self.batched_keys -= len(batch.deltas)
+
+    def pending(self) -> int:
+        with self.lock:
+            return self.count + sum(b.increments for b in self.batches)
+
+    def unwritten(self, k: BufferKey) -> tuple[list[tuple[str, int, bool]], int]:
+        """``(flush id, delta of k, in doubt)`` of each batch not written; k's buffered delta."""
+        with self.lock:
+            return [(b.flush_id, b.deltas.get(k, 0), b.in_doubt) for b in self.batches], (
+                self.buf.get(k, 0)
+            )
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+
+
+def _items(link_counter: Callable[[str], Counter], batch: _Batch) -> list[EncodedIncrement]:
+    return [
+        (link_counter(name), encoded, delta)
+        for (name, encoded), delta in batch.deltas.items()
+        if delta != 0
+    ]
 
 
 @dataclass
@@ -190,13 +283,8 @@ class BatchingCounters:
         self.on_error = on_error
         self.last_error: BaseException | None = None
         self._link = DbLink(database)
-        self._lock = threading.Lock()  # guards the buffer and the batch list
+        self._pending = _Pending(max_pending, max_buffered)
         self._flush_lock = threading.Lock()  # one write at a time
-        self._buf: dict[BufferKey, int] = {}
-        self._count = 0
-        self._batches: list[_Batch] = []
-        self._batched_keys = 0
-        self._closed = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -221,12 +309,7 @@ class BatchingCounters:
     def incr(self, name: str, key: object = None, delta: int = 1) -> None:
         """Buffer one increment (acknowledged when this returns; see the module docs)."""
         k = self.validate(name, key, delta)
-        with self._lock:
-            self._check_room(0 if k in self._buf else 1)
-            self._buf[k] = _summed(self._buf.get(k, 0), delta, name)
-            self._count += 1
-            full = self._count >= self.max_pending
-        if full:
+        if self._pending.add(k, delta, self.last_error):
             self._on_full()
 
     def incr_many(self, items: Iterable[Increment]) -> None:
@@ -243,13 +326,7 @@ class BatchingCounters:
         """Buffer already validated, netted increments, all or none."""
         if not deltas:
             return
-        with self._lock:
-            self._check_room(sum(1 for k in deltas if k not in self._buf))
-            merged = {k: _summed(self._buf.get(k, 0), d, k[0]) for k, d in deltas.items()}
-            self._buf.update(merged)
-            self._count += increments
-            full = self._count >= self.max_pending
-        if full:
+        if self._pending.absorb(deltas, increments, self.last_error):
             self._on_full()
 
     def group(self) -> IncrementGroup:
@@ -281,15 +358,6 @@ class BatchingCounters:
         else:
             group.commit()
 
-    def _check_room(self, new_keys: int) -> None:
-        if self._closed:
-            raise BufferClosed()
-        if new_keys and len(self._buf) + self._batched_keys + new_keys > self.max_buffered:
-            raise BufferFull(
-                f"{len(self._buf) + self._batched_keys} keys are buffered and not written "
-                f"(max_buffered={self.max_buffered}); last error: {self.last_error}"
-            )
-
     def _on_full(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             self._wake.set()
@@ -305,14 +373,7 @@ class BatchingCounters:
     def flush(self) -> FlushStats:
         """Write everything buffered now. Raises BufferFlushFailed (keeping it) on failure."""
         with self._flush_lock:
-            with self._lock:
-                if self._buf:
-                    batch = _Batch(new_flush_id(), self._buf, self._count)
-                    self._batches.append(batch)
-                    self._batched_keys += len(batch.deltas)
-                    self._buf = {}
-                    self._count = 0
-                batches = list(self._batches)
+            batches = self._pending.cut()
             keys = increments = 0
             for batch in batches:
                 try:
@@ -320,23 +381,14 @@ class BatchingCounters:
                 except BufferFlushFailed as exc:
                     self.last_error = exc
                     raise
-                with self._lock:
-                    self._batches.remove(batch)
-                    self._batched_keys -= len(batch.deltas)
+                self._pending.written(batch)
                 keys += len(batch.deltas)
                 increments += batch.increments
             self.last_error = None
             return FlushStats(len(batches), keys, increments)
 
-    def _items(self, batch: _Batch) -> list[EncodedIncrement]:
-        return [
-            (self._link.counter(name), encoded, delta)
-            for (name, encoded), delta in batch.deltas.items()
-            if delta != 0
-        ]
-
     def _write(self, batch: _Batch) -> None:
-        items = self._items(batch)
+        items = _items(self._link.counter, batch)
         with self._link.lock:
             try:
                 pc = self._link.counters()
@@ -366,17 +418,14 @@ class BatchingCounters:
 
     def pending(self) -> int:
         """Acknowledged increments not yet written (in this process)."""
-        with self._lock:
-            return self._count + sum(b.increments for b in self._batches)
+        return self._pending.pending()
 
     def get(self, name: str, key: object = None) -> int:
         """Exact value: the database's exact value plus what this process has not written yet."""
         k = self.validate(name, key, 0)
         counter = self._link.counter(name)
         with self._flush_lock:  # no write in progress
-            with self._lock:
-                unwritten = [(b.flush_id, b.deltas.get(k, 0), b.in_doubt) for b in self._batches]
-                local = self._buf.get(k, 0)
+            unwritten, local = self._pending.unwritten(k)
             doubtful = [fid for fid, _, doubt in unwritten if doubt]
             with self._link.lock:
                 value, recorded = exact_with_flushes(self._link.counters(), counter, k[1], doubtful)
@@ -427,8 +476,7 @@ class BatchingCounters:
         Raises BufferFlushFailed if the last writes fail (after a few attempts);
         the increments then stay in memory, and :meth:`flush` may be tried again.
         """
-        with self._lock:
-            self._closed = True
+        self._pending.close()
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -461,18 +509,16 @@ class BatchingCounters:
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent writes what it buffered; the child starts empty."""
-        self._lock = threading.Lock()
+        closed = self._pending.closed
+        self._pending = _Pending(self.max_pending, self.max_buffered)
+        self._pending.closed = closed
         self._flush_lock = threading.Lock()
-        self._buf = {}
-        self._count = 0
-        self._batches = []
-        self._batched_keys = 0
         self._link = DbLink.after_fork(self._link)
         self._pid = os.getpid()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = None
-        if not self._closed:
+        if not self._pending.closed:
             self._start_thread()
 
     def __enter__(self) -> BatchingCounters:
@@ -480,3 +526,244 @@ class BatchingCounters:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncBatchingCounters:
+    """:class:`BatchingCounters` for an event loop: increments buffered in this process,
+    written by a task of the loop, on psycopg's ``AsyncConnectionPool`` or ``AsyncConnection``.
+
+    The same buffer (netted per counter and key, ``max_pending``, ``max_buffered``), the
+    same write (one transaction: COPY into the queues, the flush id recorded, a batch in
+    doubt looked up before it is written again) and the same exact ``get``, awaited:
+    ``await events.incr(name, key)`` validates the increment (the counter's declaration is
+    read once) and buffers it. The writes happen when ``max_pending`` increments are
+    buffered (the flusher task is woken), every ``interval`` seconds, on ``flush()`` and on
+    ``aclose()``. The flusher runs inside ``async with AsyncBatchingCounters(...)`` (or
+    between ``start()`` and ``aclose()``); there is no exit hook: what is buffered when the
+    loop ends without ``aclose()`` is lost, like a sync buffer's on SIGKILL.
+
+    On a pool each write borrows a connection; a connection given alone must be in
+    autocommit mode and used by this buffer only.
+    """
+
+    def __init__(
+        self,
+        database: AsyncConn | AsyncConnectionPool[Any],
+        *,
+        max_pending: int = 10_000,
+        interval: float | None = 1.0,
+        max_buffered: int = 1_000_000,
+        buffer: str = "batching",
+        on_error: Callable[[BaseException], object] | None = None,
+    ) -> None:
+        from pgcounters.client import AsyncCounters
+
+        for label, value in (("max_pending", max_pending), ("max_buffered", max_buffered)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
+        if interval is not None and (
+            isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0
+        ):
+            raise ConfigurationError(
+                f"interval must be a positive number or None, got {interval!r}"
+            )
+        self.client = AsyncCounters(database)
+        self.max_pending = max_pending
+        self.max_buffered = max_buffered
+        self.interval = interval
+        self.buffer = check_buffer_name(buffer)
+        self.on_error = on_error
+        self.last_error: BaseException | None = None
+        self._pending = _Pending(max_pending, max_buffered)
+        self._declared: dict[str, Counter] = {}
+        self._flush_lock: asyncio.Lock | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def counter(self, name: str) -> Counter:
+        """A counter's declaration, read once (as :class:`BatchingCounters` does)."""
+        found = self._declared.get(name)
+        if found is None:
+            found = await self.client.counter(name)
+            if found.scale is not None:
+                raise InvalidCounterDefinition(
+                    f"counter {name} sums decimals: event counters take whole deltas, add to "
+                    "it with AsyncCounters.incr_decimal"
+                )
+            self._declared[name] = found
+        return found
+
+    async def validate(self, name: str, key: object = None, delta: int = 0) -> BufferKey:
+        """Check an increment (counter declared, key and delta valid); its buffer key."""
+        counter = await self.counter(name)
+        encoded = tuple(encode_key(key, counter.key_types, name))
+        check_delta(delta)
+        return name, encoded
+
+    async def incr(self, name: str, key: object = None, delta: int = 1) -> None:
+        """Buffer one increment (acknowledged when this returns)."""
+        k = await self.validate(name, key, delta)
+        if self._pending.add(k, delta, self.last_error):
+            await self._on_full()
+
+    async def incr_many(self, items: Iterable[Increment]) -> None:
+        """Buffer many increments, all or none (every item is validated first)."""
+        netted: dict[BufferKey, int] = {}
+        n = 0
+        for name, key, delta in items:
+            k = await self.validate(name, key, delta)
+            netted[k] = _summed(netted.get(k, 0), delta, name)
+            n += 1
+        if netted and self._pending.absorb(netted, n, self.last_error):
+            await self._on_full()
+
+    def pending(self) -> int:
+        """Acknowledged increments not yet written (in this process)."""
+        return self._pending.pending()
+
+    async def _on_full(self) -> None:
+        if self._task is not None and not self._task.done() and self._wake is not None:
+            self._wake.set()
+            return
+        try:
+            await self.flush()
+        except BufferFlushFailed as exc:
+            self._report(exc)
+
+    def _lock(self) -> asyncio.Lock:
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        return self._flush_lock
+
+    async def flush(self) -> FlushStats:
+        """Write everything buffered now. Raises BufferFlushFailed (keeping it) on failure."""
+        async with self._lock():
+            batches = self._pending.cut()
+            keys = increments = 0
+            for batch in batches:
+                try:
+                    await self._write(batch)
+                except BufferFlushFailed as exc:
+                    self.last_error = exc
+                    raise
+                self._pending.written(batch)
+                keys += len(batch.deltas)
+                increments += batch.increments
+            self.last_error = None
+            return FlushStats(len(batches), keys, increments)
+
+    def _redeclared(self, counter: Counter) -> None:
+        self._declared[counter.name] = counter
+
+    async def _write(self, batch: _Batch) -> None:
+        items = [
+            (self._declared[name], encoded, delta)
+            for (name, encoded), delta in batch.deltas.items()
+            if delta != 0
+        ]
+        client = self.client
+
+        def write() -> Plan[bool]:
+            if batch.in_doubt and (yield from flush_recorded_plan(batch.flush_id)):
+                log.info("batch %s had been committed before its connection broke", batch.flush_id)
+                return False
+            return (
+                yield from write_flush_plan(
+                    client, batch.flush_id, self.buffer, items, redeclared=self._redeclared
+                )
+            )
+
+        try:
+            await client._run(write())
+        except BaseException as exc:
+            # whatever happened, the batch may or may not have been committed: look its
+            # id up before writing it again
+            batch.in_doubt = True
+            if not isinstance(exc, Exception):
+                raise
+            raise BufferFlushFailed(
+                f"could not write {batch.increments} buffered increments "
+                f"({len(items)} keys): {exc}; they are kept and retried"
+            ) from exc
+
+    async def get(self, name: str, key: object = None) -> int:
+        """Exact value: the database's exact value plus what this process has not written."""
+        k = await self.validate(name, key, 0)
+        counter = self._declared[name]
+        async with self._lock():  # no write in progress
+            unwritten, local = self._pending.unwritten(k)
+            doubtful = [fid for fid, _, doubt in unwritten if doubt]
+            value, recorded = await self.client._run(
+                exact_with_flushes_plan(counter, k[1], doubtful)
+            )
+        return value + local + sum(d for fid, d, _ in unwritten if fid not in recorded)
+
+    # -- the flusher task ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the flusher task in the running loop (nothing without an ``interval``)."""
+        if self.interval is None or (self._task is not None and not self._task.done()):
+            return
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"pgcounters-batching-{self.buffer}"
+        )
+
+    async def _run(self) -> None:
+        backoff = 0.0
+        interval = self.interval
+        assert interval is not None
+        assert self._wake is not None
+        while not self._pending.closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), backoff or interval)
+            self._wake.clear()
+            try:
+                await self.flush()
+                backoff = 0.0
+            except Exception as exc:
+                self._report(exc)
+                backoff = min(max(backoff * 2, min(interval, 0.5)), _MAX_BACKOFF)
+
+    def _report(self, exc: BaseException) -> None:
+        self.last_error = exc
+        log.error("pgcounters batching buffer %r: %s", self.buffer, exc)
+        if self.on_error is not None:
+            try:
+                self.on_error(exc)
+            except Exception:
+                log.exception("the on_error callback of buffer %r failed", self.buffer)
+
+    async def aclose(self) -> FlushStats:
+        """Stop the flusher, write what is buffered and refuse further increments.
+
+        Raises BufferFlushFailed if the last writes fail (after a few attempts); the
+        increments then stay in memory, and :meth:`flush` may be tried again.
+        """
+        self._pending.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for attempt in range(_CLOSE_ATTEMPTS):
+            try:
+                return await self.flush()
+            except BufferFlushFailed:
+                if attempt == _CLOSE_ATTEMPTS - 1:
+                    log.critical(
+                        "pgcounters batching buffer %r: %d acknowledged increments could not be "
+                        "written to PostgreSQL",
+                        self.buffer,
+                        self.pending(),
+                    )
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    async def __aenter__(self) -> AsyncBatchingCounters:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -726,7 +726,11 @@ class _CounterPlans:
         conn: ConnState = yield Connection()
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise DrainError("drain must run outside a transaction: each batch commits on its own")
-        yield from self._ensure_schema()
+        if not self._schema_checked:
+            # in a transaction of its own: on a connection outside autocommit, a check run
+            # bare would open one, and each batch would then be a savepoint in it, not a
+            # transaction that commits
+            yield Transaction(self._ensure_schema())
 
         def batch() -> Plan[tuple[Row | None, Row | None]]:
             # a batch is Read Committed whatever the connection's level: at
@@ -840,7 +844,9 @@ class _CounterPlans:
                 "a batch was cancelled by the statement timeout and rolled back (its deltas "
                 "stay queued): use a smaller batch size or a longer statement timeout"
             ) from exc
-        except Exception:
+        except BaseException:
+            # a failure, or the task cancelled (asyncio.CancelledError): the connection
+            # goes back to its pool, and must not keep this drain's timeout
             yield from put_back(previous)
             raise
         yield from put_back(previous)

@@ -17,12 +17,11 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import tuple_row
 
-from pgcounters.client import Counter, Counters, _row_to_counter, array_literal
+from pgcounters import plans
+from pgcounters.client import Counter, Counters, _CounterPlans, _row_to_counter, array_literal
 from pgcounters.config import connect
 from pgcounters.connection import Conn
-from pgcounters.dberrors import translated
 from pgcounters.errors import (
     ConfigurationError,
     ConnectionFailed,
@@ -30,6 +29,7 @@ from pgcounters.errors import (
     UnknownCounter,
 )
 from pgcounters.keys import decode_key
+from pgcounters.plans import Connection, ConnState, Copy, Execute, Plan, Transaction
 from pgcounters.sqlfiles import query
 
 BUFFER_NAME_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
@@ -151,6 +151,21 @@ def write_flush(
     keep: Iterable[str] = (),
     redeclared: Callable[[Counter], None] | None = None,
 ) -> bool:
+    """Write ``rows`` and record ``flush_id`` in one transaction (see :func:`write_flush_plan`)."""
+    return plans.run(
+        write_flush_plan(pc, flush_id, buffer, rows, keep=keep, redeclared=redeclared), pc.conn
+    )
+
+
+def write_flush_plan(
+    pc: _CounterPlans,
+    flush_id: str,
+    buffer: str,
+    rows: Sequence[EncodedIncrement],
+    *,
+    keep: Iterable[str] = (),
+    redeclared: Callable[[Counter], None] | None = None,
+) -> Plan[bool]:
     """Write ``rows`` and record ``flush_id`` in one transaction.
 
     Deltas of queued and unlogged counters are copied into their queue with
@@ -160,60 +175,60 @@ def write_flush(
     False (and writes nothing) when the flush was already recorded. The
     connection must not be inside a transaction. ``redeclared`` is told of a
     counter declared again (dropped and created under its name) since the
-    buffer looked it up.
+    buffer looked it up. A plan: the sync buffers run it on a connection, the
+    async one on an async connection.
     """
-    conn = pc.conn
+    conn: ConnState = yield Connection()
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise ConfigurationError("a buffer flush must run outside a transaction")
     total = sum(delta for _, _, delta in rows)
-    by_queue: dict[str, list[EncodedIncrement]] = {"queued": [], "unlogged": [], "direct": []}
-    with translated(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+    keep = list(keep)
+
+    def body() -> Plan[bool]:
+        by_queue: dict[str, list[EncodedIncrement]] = {"queued": [], "unlogged": [], "direct": []}
         # the declarations as they are now: a counter dropped and created again under
         # its name since the buffer looked it up has a new id (the old one's deltas
         # would be set aside by the drain), a dropped one refuses the flush (the
         # increments stay buffered) instead of writing deltas nobody applies
-        for item in _current(pc, cur, rows, redeclared):
+        for item in (yield from _current(pc, rows, redeclared)):
             if item[2]:
                 by_queue[item[0].mode].append(item)
-        cur.execute(
+        row = yield Execute(
             query("record_flush"),
-            {
-                "flush_id": flush_id,
-                "buffer": buffer,
-                "keys": len(rows),
-                "total": total,
-                "keep": list(keep),
-            },
-        )
-        row = cur.fetchone()
-        fresh = bool(row and row[0])
-        if not fresh:
+            {"flush_id": flush_id, "buffer": buffer, "keys": len(rows), "total": total,
+             "keep": keep},
+            "one",
+        )  # fmt: skip
+        if not (row and row[0]):
             return False
         for mode, statement in (("queued", "copy_queue"), ("unlogged", "copy_queue_unlogged")):
             if by_queue[mode]:
-                with cur.copy(query(statement)) as copy:
-                    for counter, encoded, delta in by_queue[mode]:
-                        copy.write_row((counter.id, array_literal(encoded), delta))
+                yield Copy(
+                    query(statement),
+                    [(c.id, array_literal(encoded), delta) for c, encoded, delta in by_queue[mode]],
+                )
         if by_queue["direct"]:
-            pc.incr_many(
+            yield from pc._incr_many(
                 (c.name, decode_key(encoded, c.key_types), delta)
                 for c, encoded, delta in by_queue["direct"]
             )
-    return True
+        return True
+
+    written: bool = yield Transaction(body())
+    return written
 
 
 def _current(
-    pc: Counters,
-    cur: psycopg.Cursor[tuple[Any, ...]],
+    pc: _CounterPlans,
     rows: Sequence[EncodedIncrement],
     redeclared: Callable[[Counter], None] | None,
-) -> list[EncodedIncrement]:
+) -> Plan[list[EncodedIncrement]]:
     """``rows`` with each counter's declaration read again (one statement)."""
     names = sorted({counter.name for counter, _, _ in rows})
     if not names:
         return list(rows)
-    cur.execute(query("targets_by_names"), {"names": names})
-    now = {str(r[1]): _row_to_counter(r) for r in cur.fetchall()}
+    found = yield Execute(query("targets_by_names"), {"names": names}, "all")
+    now = {str(r[1]): _row_to_counter(r) for r in found}
     out: list[EncodedIncrement] = []
     for counter, encoded, delta in rows:
         current = now.get(counter.name)
@@ -242,15 +257,25 @@ def _current(
 
 def flush_recorded(pc: Counters, flush_id: str) -> bool:
     """True when ``flush_id`` was committed."""
-    with translated(), pc.conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(query("flush_recorded"), {"flush_id": flush_id})
-        row = cur.fetchone()
+    return plans.run(flush_recorded_plan(flush_id), pc.conn)
+
+
+def flush_recorded_plan(flush_id: str) -> Plan[bool]:
+    """True when ``flush_id`` was committed."""
+    row = yield Execute(query("flush_recorded"), {"flush_id": flush_id}, "one")
     return bool(row and row[0])
 
 
 def exact_with_flushes(
     pc: Counters, counter: Counter, encoded: Sequence[str], ids: Sequence[str]
 ) -> tuple[int, set[str]]:
+    """Exact database value of one counter and which of ``ids`` are recorded, in ONE statement."""
+    return plans.run(exact_with_flushes_plan(counter, encoded, ids), pc.conn)
+
+
+def exact_with_flushes_plan(
+    counter: Counter, encoded: Sequence[str], ids: Sequence[str]
+) -> Plan[tuple[int, set[str]]]:
     """Exact database value of one counter and which of ``ids`` are recorded, in ONE statement.
 
     One statement means one snapshot: a flush is either counted in the value and
@@ -266,8 +291,6 @@ def exact_with_flushes(
     statement = sql.SQL(query("exact_and_flushes")).format(
         exact=exact, flushes=sql.SQL(query("flushes_recorded"))
     )
-    with translated(), pc.conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(statement, params)
-        row = cur.fetchone()
+    row = yield Execute(statement, params, "one")
     assert row is not None
     return int(row[0]), set(row[1] or ())

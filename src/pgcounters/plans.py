@@ -3,11 +3,14 @@
 An operation of the clients (:class:`pgcounters.Counters`, :class:`pgcounters.Quotas`
 and their async twins) is written once, as a *plan*: a generator that validates its
 arguments, then yields the steps it needs (:class:`Execute` a statement and fetch its
-result, run a nested plan in a :class:`Transaction`, :class:`Sleep`, look at the
-:class:`Connection`'s state) and receives each step's result, until it returns the
-operation's value. Errors raised by a step are thrown back into the plan at the
-``yield`` (so a plan may catch a deadlock and retry); what escapes the plan is
-translated into the pgcounters exception hierarchy by the executor.
+result, :class:`Copy` rows in, run a nested plan in a :class:`Transaction`,
+:class:`Sleep`, look at the :class:`Connection`'s state) and receives each step's
+result, until it returns the operation's value. Errors raised by a step are thrown
+back into the plan at the ``yield`` (so a plan may catch a deadlock and retry); what
+escapes the plan is translated into the pgcounters exception hierarchy by the executor.
+A cancellation (``asyncio.CancelledError``, ``KeyboardInterrupt``) is thrown into the
+plan as well, so that a plan's ``finally`` (or ``except BaseException``) can put back
+what it changed on the connection before it propagates.
 
 :func:`run` drives a plan on a psycopg ``Connection``, :func:`run_async` on an
 ``AsyncConnection``. They are the only code written twice, and they know nothing of
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias, TypeVar
 
@@ -50,6 +53,14 @@ class Execute:
 
 
 @dataclass(frozen=True, slots=True)
+class Copy:
+    """Run a ``COPY ... FROM STDIN`` and send it ``rows``; the result is None."""
+
+    query: Query
+    rows: Sequence[Sequence[Any]]
+
+
+@dataclass(frozen=True, slots=True)
 class Transaction:
     """Run a nested plan in a transaction (a savepoint inside one); its result is the plan's."""
 
@@ -70,7 +81,7 @@ class Connection:
     read: bool = False
 
 
-Step: TypeAlias = Execute | Transaction | Sleep | Connection
+Step: TypeAlias = Execute | Copy | Transaction | Sleep | Connection
 Plan: TypeAlias = Generator[Step, Any, T]
 
 
@@ -112,7 +123,7 @@ def run(plan: Plan[T], conn: Conn, read_conn: Conn | None = None) -> T:
 
 def _drive(plan: Plan[T], conn: Conn, read_conn: Conn) -> T:
     result: Any = None
-    error: Exception | None = None
+    error: BaseException | None = None
     while True:
         try:
             step = plan.send(result) if error is None else plan.throw(error)
@@ -122,7 +133,7 @@ def _drive(plan: Plan[T], conn: Conn, read_conn: Conn) -> T:
         error = None
         try:
             result = _step(step, conn, read_conn)
-        except Exception as exc:
+        except BaseException as exc:  # KeyboardInterrupt too: the plan may clean up
             result, error = None, exc
 
 
@@ -135,6 +146,11 @@ def _step(step: Step, conn: Conn, read_conn: Conn) -> Any:
             if step.fetch == "all":
                 return cur.fetchall()
             return None
+    if isinstance(step, Copy):
+        with conn.cursor() as cur, cur.copy(step.query) as copy:  # type: ignore[arg-type]
+            for row in step.rows:
+                copy.write_row(row)
+        return None
     if isinstance(step, Transaction):
         with conn.transaction():
             return _drive(step.plan, conn, read_conn)
@@ -155,7 +171,7 @@ async def run_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn | None 
 
 async def _drive_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn) -> T:
     result: Any = None
-    error: Exception | None = None
+    error: BaseException | None = None
     while True:
         try:
             step = plan.send(result) if error is None else plan.throw(error)
@@ -165,7 +181,7 @@ async def _drive_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn) -> 
         error = None
         try:
             result = await _step_async(step, conn, read_conn)
-        except Exception as exc:
+        except BaseException as exc:  # a cancelled task too: the plan may clean up
             result, error = None, exc
 
 
@@ -178,6 +194,11 @@ async def _step_async(step: Step, conn: AsyncConn, read_conn: AsyncConn) -> Any:
             if step.fetch == "all":
                 return await cur.fetchall()
             return None
+    if isinstance(step, Copy):
+        async with conn.cursor() as cur, cur.copy(step.query) as copy:  # type: ignore[arg-type]
+            for row in step.rows:
+                await copy.write_row(row)
+        return None
     if isinstance(step, Transaction):
         async with conn.transaction():
             return await _drive_async(step.plan, conn, read_conn)

@@ -4,7 +4,8 @@ A :class:`Quotas` wraps one psycopg 3 connection (or a pool), like
 :class:`pgcounters.Counters`; :class:`AsyncQuotas` is its async twin.
 A quota is a named budget of calls per subject (a customer, a user, an API key,
 an IP address: any non-blank string) per window: a calendar day (the default),
-week or month in a time zone, or a fixed number of seconds.
+week or month in a time zone, a fixed number of seconds, or a sliding window
+(any span of a number of seconds, counted in buckets).
 
 :meth:`Quotas.register_call` is one call of the SQL function
 ``pgcounters.register_call``, which decides inside one upsert of the subject's
@@ -43,14 +44,20 @@ from pgcounters.sqlfiles import query
 
 T = TypeVar("T")
 
-Period: TypeAlias = Literal["day", "week", "month", "fixed"]
+Period: TypeAlias = Literal["day", "week", "month", "fixed", "sliding"]
 CALENDAR_WINDOWS: tuple[str, ...] = ("day", "week", "month")
 FIXED_WINDOWS: dict[str, int] = {"second": 1, "minute": 60, "hour": 3600}
 Window: TypeAlias = str | int | dt.timedelta
 """A window: ``"day"``, ``"week"``, ``"month"`` (calendar, in the quota's time
 zone), ``"hour"``, ``"minute"``, ``"second"``, a number of seconds, a
 :class:`datetime.timedelta` or a text such as ``"90s"``, ``"15m"``, ``"2h"``,
-``"1d"`` (fixed windows aligned to the Unix epoch)."""
+``"1d"`` (fixed windows aligned to the Unix epoch); any of the fixed durations
+after ``"sliding:"`` (``"sliding:hour"``, ``"sliding:15m"``, ``"sliding:1d"``) for a
+sliding window of that length."""
+
+SLIDING_PREFIX = "sliding:"
+DEFAULT_BUCKETS = 60
+MAX_BUCKETS = 1000
 
 MAX_SUBJECT = 1000
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
@@ -68,14 +75,23 @@ class Quota:
     time_zone: str
     default_limit: int | None
     log_calls: bool
+    bucket_seconds: int | None = None
+    """The width of the buckets of a sliding window (None for the other windows)."""
 
     @property
     def window(self) -> str:
-        """The window in the form :func:`parse_window` reads (``"day"``, ``"3600s"``)."""
-        return self.period if self.period != "fixed" else f"{self.window_seconds}s"
+        """The window in the form :func:`parse_window` reads (``"day"``, ``"3600s"``,
+        ``"sliding:3600s"``)."""
+        if self.period == "fixed":
+            return f"{self.window_seconds}s"
+        if self.period == "sliding":
+            return f"{SLIDING_PREFIX}{self.window_seconds}s"
+        return self.period
 
     def describe(self) -> str:
-        where = f" in {self.time_zone}" if self.period != "fixed" else ""
+        where = f" in {self.time_zone}" if self.period in CALENDAR_WINDOWS else ""
+        if self.period == "sliding":
+            where = f" in buckets of {self.bucket_seconds}s"
         limit = "none" if self.default_limit is None else str(self.default_limit)
         log = ", calls logged" if self.log_calls else ""
         return f"{self.name}: window {self.window}{where}, default limit {limit}{log}"
@@ -174,6 +190,8 @@ class PurgeResult:
 
 def parse_window(window: Window) -> tuple[Period, int | None]:
     """``(period, window_seconds)`` of a window given as in :data:`Window`."""
+    if isinstance(window, str) and window.strip().lower().startswith(SLIDING_PREFIX):
+        return "sliding", _sliding_seconds(window)
     if isinstance(window, bool):
         raise InvalidQuotaDefinition(f"invalid window {window!r}")
     seconds: int
@@ -203,6 +221,61 @@ def parse_window(window: Window) -> tuple[Period, int | None]:
     if not 0 < seconds <= BIGINT_MAX:
         raise InvalidQuotaDefinition(f"a fixed window must be at least one second, got {window!r}")
     return "fixed", seconds
+
+
+def _sliding_seconds(window: str) -> int:
+    """The length of a sliding window written ``sliding:<duration>``."""
+    length = window.strip()[len(SLIDING_PREFIX) :].strip().lower()
+    # a sliding day or week is 24 hours or 7 days; a month has no fixed length
+    found = {"day": 86400, "week": 604800}.get(length)
+    if found is None and length not in CALENDAR_WINDOWS:
+        period, seconds = parse_window(length)
+        found = seconds if period == "fixed" else None
+    if found is None:
+        raise InvalidQuotaDefinition(
+            f"invalid window {window!r}: a sliding window has a fixed length, such as "
+            "sliding:hour, sliding:day or sliding:15m (a month has none)"
+        )
+    return found
+
+
+def sliding_window(window: Window) -> str:
+    """The sliding window as long as ``window``: ``"hour"`` -> ``"sliding:3600s"``,
+    ``"day"`` -> ``"sliding:86400s"`` (24 hours), ``"sliding:15m"`` -> ``"sliding:900s"``."""
+    if isinstance(window, str) and not window.strip().lower().startswith(SLIDING_PREFIX):
+        window = SLIDING_PREFIX + window
+    elif not isinstance(window, str):
+        _period, seconds = parse_window(window)
+        window = f"{SLIDING_PREFIX}{seconds}s"
+    _period, seconds = parse_window(window)
+    return f"{SLIDING_PREFIX}{seconds}s"
+
+
+def bucket_seconds(window_seconds: int, granularity: Window | None) -> int:
+    """The width of the buckets of a sliding window of ``window_seconds``.
+
+    ``granularity`` (a fixed duration that divides the window into at most
+    :data:`MAX_BUCKETS`), or by default a sixtieth of the window when that is a
+    whole number of seconds, else the widest whole number of seconds below it
+    that divides the window.
+    """
+    if granularity is None:
+        width = max(window_seconds // DEFAULT_BUCKETS, 1)
+        while window_seconds % width:
+            width -= 1
+    else:
+        period, seconds = parse_window(granularity)
+        if period != "fixed" or seconds is None:
+            raise InvalidQuotaDefinition(
+                f"invalid granularity {granularity!r}: use a duration such as 1s, 1m or 15m"
+            )
+        width = seconds
+    if window_seconds % width or window_seconds // width > MAX_BUCKETS:
+        raise InvalidQuotaDefinition(
+            f"the buckets of a sliding window must divide its {window_seconds} seconds into at "
+            f"most {MAX_BUCKETS} equal parts, got {width} seconds"
+        )
+    return width
 
 
 def check_quota_name(name: object) -> str:
@@ -287,6 +360,7 @@ def _row_to_quota(row: Sequence[Any]) -> Quota:
         time_zone=row[4],
         default_limit=row[5],
         log_calls=row[6],
+        bucket_seconds=row[7],
     )
 
 
@@ -322,14 +396,17 @@ class _QuotaPlans:
         window: Window,
         time_zone: str | None,
         log: bool,
+        granularity: Window | None = None,
     ) -> Plan[Quota]:
         """Define a quota, or change the default limit and logging of an existing one.
 
         ``default_limit`` applies to subjects without a limit of their own; None
         means they get no call. ``time_zone`` (an IANA name, default UTC) places
-        the boundaries of day, week and month windows; fixed windows take none.
-        Redefining the window of an existing quota raises
-        :class:`QuotaDefinitionConflict`.
+        the boundaries of day, week and month windows; fixed and sliding windows
+        take none. ``granularity``: the width of a sliding window's buckets (see
+        :func:`bucket_seconds`; a refused call would be granted by an exact log of
+        calls at most that much later). Redefining the window of an existing quota
+        raises :class:`QuotaDefinitionConflict`.
         """
         check_quota_name(name)
         if default_limit is not None:
@@ -337,10 +414,18 @@ class _QuotaPlans:
         period, seconds = parse_window(window)
         if time_zone is not None and (not isinstance(time_zone, str) or not time_zone):
             raise InvalidQuotaDefinition(f"invalid time zone {time_zone!r}")
-        if period == "fixed" and time_zone not in (None, "UTC"):
+        if period in ("fixed", "sliding") and time_zone not in (None, "UTC"):
             raise InvalidQuotaDefinition(
-                f"fixed windows are aligned to the Unix epoch and take no time zone "
+                f"{period} windows are aligned to the Unix epoch and take no time zone "
                 f"(got {time_zone!r}); time zones apply to day, week and month windows"
+            )
+        width: int | None = None
+        if period == "sliding":
+            assert seconds is not None
+            width = bucket_seconds(seconds, granularity)
+        elif granularity is not None:
+            raise InvalidQuotaDefinition(
+                f"a granularity applies to sliding windows only, not to {window!r}"
             )
         if not isinstance(log, bool):
             raise InvalidQuotaDefinition(f"log must be True or False, got {log!r}")
@@ -354,6 +439,7 @@ class _QuotaPlans:
                 "window_seconds": seconds,
                 "time_zone": time_zone or "UTC",
                 "log": log,
+                "bucket_seconds": width if granularity is not None else None,
             },
         )
         return (yield from self._quota(name))
@@ -682,8 +768,11 @@ class Quotas(_QuotaPlans):
         window: Window = "day",
         time_zone: str | None = None,
         log: bool = False,
+        granularity: Window | None = None,
     ) -> Quota:
-        return self._run(self._define_quota(name, default_limit, window, time_zone, log))
+        return self._run(
+            self._define_quota(name, default_limit, window, time_zone, log, granularity)
+        )
 
     def drop_quota(self, name: str) -> bool:
         return self._run(self._drop_quota(name))
@@ -831,8 +920,11 @@ class AsyncQuotas(_QuotaPlans):
         window: Window = "day",
         time_zone: str | None = None,
         log: bool = False,
+        granularity: Window | None = None,
     ) -> Quota:
-        return await self._run(self._define_quota(name, default_limit, window, time_zone, log))
+        return await self._run(
+            self._define_quota(name, default_limit, window, time_zone, log, granularity)
+        )
 
     async def drop_quota(self, name: str) -> bool:
         return await self._run(self._drop_quota(name))

@@ -39,10 +39,12 @@ def retry_after(result: CallResult) -> str:
 
 
 def parse_rate(rate: str) -> tuple[int, Window]:
-    """``(calls, window)`` of a rate string: ``"1000/day"``, ``"10/minute"``, ``"5/15m"``.
+    """``(calls, window)`` of a rate string: ``"1000/day"``, ``"10/minute"``, ``"5/15m"``,
+    ``"100/sliding:hour"``.
 
     The window is anything :func:`pgcounters.quotas.parse_window` reads (``second``,
-    ``minute``, ``hour``, ``day``, ``week``, ``month``, or a duration such as ``90s``).
+    ``minute``, ``hour``, ``day``, ``week``, ``month``, a duration such as ``90s``, or
+    ``sliding:`` and a fixed length for a sliding window).
     """
     if not isinstance(rate, str) or rate.count("/") != 1:
         raise InvalidQuotaDefinition(

@@ -22,7 +22,12 @@ def _cmd_quota_define(args: argparse.Namespace, dsn: str) -> int:
 
     with connect(dsn) as conn:
         quota = Quotas(conn).define_quota(
-            args.name, args.limit, window=args.window, time_zone=args.time_zone, log=args.log
+            args.name,
+            args.limit,
+            window=args.window,
+            time_zone=args.time_zone,
+            log=args.log,
+            granularity=args.granularity,
         )
     print(quota.describe())
     return EXIT_OK
@@ -213,9 +218,13 @@ def configure_quotas(sub: Any) -> None:
         type=window,
         default="day",
         help="day (default), week, month (calendar, in --time-zone), hour, minute, or a "
-        "duration such as 90s, 15m, 2h (fixed, aligned to the Unix epoch)",
+        "duration such as 90s, 15m, 2h (fixed, aligned to the Unix epoch); sliding:hour, "
+        "sliding:15m... for a sliding window of that length",
     )
     p.add_argument("--time-zone", help="IANA zone of calendar windows (default UTC)")
+    p.add_argument("--granularity", type=window,
+                   help="width of a sliding window's buckets, such as 1s or 1m (default: a "
+                   "sixtieth of the window)")  # fmt: skip
     p.add_argument("--log", action=argparse.BooleanOptionalAction, default=False,
                    help="keep one row per call in the request log")  # fmt: skip
 

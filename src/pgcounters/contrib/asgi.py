@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, TypeAlias
 
 from pgcounters.errors import ConfigurationError
-from pgcounters.quotas import AsyncQuotas, CallResult, check_quota_name
+from pgcounters.quotas import AsyncQuotas, CallResult, check_quota_name, sliding_window
 from pgcounters.ratelimit import (
     HEADER_STYLES,
     HeaderStyle,
@@ -32,7 +32,10 @@ from pgcounters.ratelimit import (
     retry_after,
 )
 
-__all__ = ["RateLimitMiddleware", "client_ip", "parse_rate", "subject_for"]
+__all__ = ["KEY_NAMES", "RateLimitMiddleware", "client_ip", "parse_rate", "subject_for"]
+
+KEY_NAMES = ("user", "ip", "user_or_ip")
+"""The named keys (besides ``"header:<Name>"`` and callables)."""
 
 Scope: TypeAlias = MutableMapping[str, Any]
 Message: TypeAlias = MutableMapping[str, Any]
@@ -47,7 +50,7 @@ AuthenticationMiddleware sets it), ``"header:<Name>"``, or a callable ``(scope) 
 
 
 def _check_key(key: object) -> None:
-    if callable(key) or key in ("user", "ip", "user_or_ip"):
+    if callable(key) or key in KEY_NAMES:
         return
     if isinstance(key, str) and key.startswith("header:") and len(key) > len("header:"):
         return
@@ -112,9 +115,11 @@ def subject_for(scope: Scope, key: Key, ip_header: str | None = None) -> str | N
 class RateLimitMiddleware:
     """Limit the HTTP requests of an ASGI app by a quota of ``quotas`` (an AsyncQuotas).
 
-    ``rate`` (``"1000/day"``, ``"10/minute"``): define the quota with that limit and window
-    on the first request (an existing quota's limit follows it; its window cannot change);
-    without it the quota must be defined already. ``key``: see :data:`Key`. ``cost``: units
+    ``rate`` (``"1000/day"``, ``"10/minute"``, ``"100/sliding:hour"``): define the quota
+    with that limit and window on the first request (an existing quota's limit follows it;
+    its window cannot change); without it the quota must be defined already.
+    ``sliding=True`` makes the rate's window a sliding one (``"100/hour"``: any span of an
+    hour holds at most 100 calls). ``key``: see :data:`Key`. ``cost``: units
     per request, or a callable ``(scope) -> int``. ``paths``: path prefixes limited (default
     all). ``methods``: HTTP methods limited (default all). ``headers``: ``"ratelimit"``,
     ``"x-ratelimit"``, ``"both"`` or ``"none"``. ``ip_header``: the header holding the client
@@ -129,6 +134,7 @@ class RateLimitMiddleware:
         quotas: AsyncQuotas,
         quota: str,
         rate: str | None = None,
+        sliding: bool = False,
         key: Key = "user_or_ip",
         cost: int | Callable[[Scope], int] = 1,
         paths: Iterable[str] = ("/",),
@@ -149,6 +155,10 @@ class RateLimitMiddleware:
         self.quotas = quotas
         self.quota = quota
         self.rate = None if rate is None else parse_rate(rate)
+        if sliding and self.rate is None:
+            raise ConfigurationError("sliding=True goes with a rate, such as rate='100/hour'")
+        if sliding and self.rate is not None:
+            self.rate = (self.rate[0], sliding_window(self.rate[1]))
         self.key = key
         self.cost = cost
         self.paths = tuple(paths)

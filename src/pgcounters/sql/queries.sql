@@ -359,7 +359,8 @@ COPY pgcounters.queue_unlogged (target_id, key, delta) FROM STDIN;
 -- name: quota_define
 -- declare a quota, or change its default limit and logging
 SELECT pgcounters.define_quota(
-    %(name)s, %(default_limit)s, %(period)s, %(window_seconds)s, %(time_zone)s, %(log)s);
+    %(name)s, %(default_limit)s, %(period)s, %(window_seconds)s, %(time_zone)s, %(log)s,
+    %(bucket_seconds)s);
 
 -- name: quota_drop
 -- forget a quota with its limits, usage and log
@@ -367,13 +368,13 @@ SELECT pgcounters.drop_quota(%(name)s);
 
 -- name: quota_by_name
 -- one quota's definition
-SELECT id, name, period, window_seconds, time_zone, default_limit, log_calls
+SELECT id, name, period, window_seconds, time_zone, default_limit, log_calls, bucket_seconds
   FROM pgcounters.quotas
  WHERE name = %(name)s;
 
 -- name: quota_list
 -- every quota's definition, by name
-SELECT id, name, period, window_seconds, time_zone, default_limit, log_calls
+SELECT id, name, period, window_seconds, time_zone, default_limit, log_calls, bucket_seconds
   FROM pgcounters.quotas
  ORDER BY name;
 
@@ -405,8 +406,20 @@ SELECT used, attempts, rejected, call_limit, window_start, window_end
 
 -- name: quota_report
 -- the usage rows of a quota
+-- (a sliding window's row: its buckets as of the subject's latest call)
 SELECT u.subject, u.window_start, u.window_end, u.call_limit, u.used, u.attempts, u.rejected
-  FROM pgcounters.quota_usage AS u
+  FROM (SELECT f.quota_id, f.subject, f.window_start, f.window_end, f.call_limit, f.used,
+               f.attempts, f.rejected
+          FROM pgcounters.quota_usage AS f
+        UNION ALL
+        SELECT s.quota_id, s.subject,
+               to_timestamp((s.head - q.window_seconds / q.bucket_seconds) * q.bucket_seconds),
+               to_timestamp((s.head + 1) * q.bucket_seconds), s.call_limit,
+               (SELECT sum(x) FROM unnest(s.granted) AS x)::bigint,
+               (SELECT sum(x) FROM unnest(s.tried) AS x)::bigint,
+               (SELECT sum(x) FROM unnest(s.refused) AS x)::bigint
+          FROM pgcounters.quota_sliding_usage AS s
+          JOIN pgcounters.quotas AS q ON q.id = s.quota_id) AS u
  WHERE u.quota_id = %(quota_id)s
    AND (%(subject)s::text IS NULL OR u.subject = %(subject)s::text)
    AND (%(since)s::timestamptz IS NULL OR u.window_end > %(since)s::timestamptz)
@@ -418,7 +431,16 @@ SELECT u.subject, u.window_start, u.window_end, u.call_limit, u.used, u.attempts
 -- name: quota_top_rejected
 -- the subjects of a quota with the most rejected calls
 SELECT u.subject, sum(u.rejected)::bigint, sum(u.attempts)::bigint, count(*)::bigint
-  FROM pgcounters.quota_usage AS u
+  FROM (SELECT f.quota_id, f.subject, f.window_start, f.window_end, f.attempts, f.rejected
+          FROM pgcounters.quota_usage AS f
+        UNION ALL
+        SELECT s.quota_id, s.subject,
+               to_timestamp((s.head - q.window_seconds / q.bucket_seconds) * q.bucket_seconds),
+               to_timestamp((s.head + 1) * q.bucket_seconds),
+               (SELECT sum(x) FROM unnest(s.tried) AS x)::bigint,
+               (SELECT sum(x) FROM unnest(s.refused) AS x)::bigint
+          FROM pgcounters.quota_sliding_usage AS s
+          JOIN pgcounters.quotas AS q ON q.id = s.quota_id) AS u
  WHERE u.quota_id = %(quota_id)s
    AND (%(since)s::timestamptz IS NULL OR u.window_end > %(since)s::timestamptz)
    AND (%(until)s::timestamptz IS NULL OR u.window_start < %(until)s::timestamptz)

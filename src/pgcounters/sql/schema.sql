@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 17
+-- version: 18
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -2470,10 +2470,11 @@ CREATE TABLE pgcounters.quotas (
     name           text NOT NULL UNIQUE
                    CONSTRAINT quotas_name_format
                    CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_.:/-]{0,199}$'),
-    -- 'day', 'week', 'month': calendar windows in time_zone; 'fixed': window_seconds
+    -- 'day', 'week', 'month': calendar windows in time_zone; 'fixed': window_seconds;
+    -- 'sliding': any span of window_seconds, counted in buckets of bucket_seconds
     period         text NOT NULL DEFAULT 'day'
                    CONSTRAINT quotas_period_known
-                   CHECK (period IN ('day', 'week', 'month', 'fixed')),
+                   CHECK (period IN ('day', 'week', 'month', 'fixed', 'sliding')),
     window_seconds bigint,
     time_zone      text NOT NULL DEFAULT 'UTC',
     -- the limit of subjects without a limit of their own; NULL: they get no call
@@ -2482,8 +2483,16 @@ CREATE TABLE pgcounters.quotas (
     -- keep one row per call in quota_log (off by default)
     log_calls      boolean NOT NULL DEFAULT false,
     created_at     timestamptz NOT NULL DEFAULT now(),
+    -- the width of a sliding window's buckets, in seconds
+    bucket_seconds bigint,
     CONSTRAINT quotas_window_complete CHECK (
-        (period = 'fixed') = (window_seconds IS NOT NULL) AND coalesce(window_seconds, 1) > 0)
+        (period IN ('fixed', 'sliding')) = (window_seconds IS NOT NULL)
+        AND coalesce(window_seconds, 1) > 0),
+    CONSTRAINT quotas_buckets CHECK (
+        (period = 'sliding') = (bucket_seconds IS NOT NULL)
+        AND (bucket_seconds IS NULL
+             OR (bucket_seconds > 0 AND window_seconds % bucket_seconds = 0
+                 AND window_seconds / bucket_seconds <= 1000)))
 );
 
 -- Limits per subject, valid over a time range. No two limits of one quota and
@@ -2540,6 +2549,26 @@ CREATE INDEX quota_log_subject ON pgcounters.quota_log (quota_id, subject, at);
 
 -- Purge of old log rows.
 CREATE INDEX quota_log_at ON pgcounters.quota_log USING brin (at);
+
+-- One row per (sliding quota, subject): its buckets, newest first. granted[i],
+-- tried[i] and refused[i] are the units granted, the calls made and the calls
+-- refused in bucket head - i + 1. Updates leave the indexed columns alone
+-- except expires_at, which moves once per bucket.
+CREATE TABLE pgcounters.quota_sliding_usage (
+    quota_id     integer NOT NULL,
+    subject      text NOT NULL,
+    head         bigint NOT NULL,        -- the newest bucket: floor(epoch / bucket_seconds)
+    expires_at   timestamptz NOT NULL,   -- when every bucket has left the window
+    granted      bigint[] NOT NULL,
+    tried        bigint[] NOT NULL,
+    refused      bigint[] NOT NULL,
+    call_limit   bigint NOT NULL,        -- the limit in force at the latest call
+    last_allowed boolean NOT NULL,       -- the decision of the latest call
+    PRIMARY KEY (quota_id, subject)
+) WITH (fillfactor = 60);
+
+-- purge of idle subjects
+CREATE INDEX quota_sliding_usage_expires_at ON pgcounters.quota_sliding_usage (expires_at);
 
 -- The window [start, end) of a quota that contains the instant p_at. Calendar
 -- windows are computed on the local wall clock of p_time_zone and converted
@@ -2601,6 +2630,77 @@ BEGIN
 END;
 $$;
 
+-- p_ring moved p_by buckets on: the p_by newest are new (zero), as many of the
+-- oldest leave.
+CREATE FUNCTION pgcounters._ring_shift(p_ring bigint[], p_by bigint) RETURNS bigint[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_by <= 0 THEN p_ring
+                WHEN p_by >= cardinality(p_ring)
+                THEN array_fill(0::bigint, ARRAY[cardinality(p_ring)])
+                ELSE array_fill(0::bigint, ARRAY[p_by::integer])
+                     || p_ring[1 : cardinality(p_ring) - p_by::integer]
+           END
+$$;
+
+-- The buckets of a subject after one call in bucket p_bucket costing p_cost
+-- under p_limit, and the decision. A call from a bucket older than p_head (a
+-- transaction that started earlier than one that has called already) is
+-- counted in p_head: later, never earlier, than it happened.
+CREATE FUNCTION pgcounters._sliding_step(
+    p_head bigint,
+    p_granted bigint[],
+    p_tried bigint[],
+    p_refused bigint[],
+    p_bucket bigint,
+    p_cost bigint,
+    p_limit bigint,
+    OUT head bigint,
+    OUT granted bigint[],
+    OUT tried bigint[],
+    OUT refused bigint[],
+    OUT allowed boolean
+)
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    head := greatest(p_head, p_bucket);
+    granted := pgcounters._ring_shift(p_granted, head - p_head);
+    tried := pgcounters._ring_shift(p_tried, head - p_head);
+    refused := pgcounters._ring_shift(p_refused, head - p_head);
+    allowed := (SELECT coalesce(sum(x), 0) FROM unnest(granted) AS x) + p_cost <= p_limit;
+    tried[1] := tried[1] + 1;
+    IF allowed THEN
+        granted[1] := granted[1] + p_cost;
+    ELSE
+        refused[1] := refused[1] + 1;
+    END IF;
+END;
+$$;
+
+-- Seconds from p_at until the start of the first bucket at which a call of
+-- p_cost fits under p_limit again (p_allowed: until the oldest granted units
+-- leave the window), given the buckets granted (newest first, newest p_head).
+CREATE FUNCTION pgcounters._sliding_retry(
+    p_granted bigint[], p_head bigint, p_bucket_seconds bigint, p_cost bigint,
+    p_limit bigint, p_allowed boolean, p_at timestamptz
+) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_n integer := cardinality(p_granted);
+    v_left numeric := (SELECT coalesce(sum(x), 0) FROM unnest(p_granted) AS x);
+    v_j integer := 1;
+BEGIN
+    -- after j more buckets, the j oldest have left the window
+    WHILE v_j < v_n LOOP
+        v_left := v_left - p_granted[v_n - v_j + 1];
+        EXIT WHEN (p_allowed AND p_granted[v_n - v_j + 1] > 0)
+               OR (NOT p_allowed AND v_left + p_cost <= p_limit);
+        v_j := v_j + 1;
+    END LOOP;
+    RETURN greatest(extract(epoch FROM to_timestamp((p_head + v_j) * p_bucket_seconds) - p_at),
+                    0)::double precision;
+END;
+$$;
+
 -- Declare a quota, or change the default limit and logging of an existing one.
 -- Redefining the window of an existing quota is refused (PCQ03): the usage
 -- rows already counted belong to the old windows.
@@ -2610,11 +2710,13 @@ CREATE FUNCTION pgcounters.define_quota(
     p_period text DEFAULT 'day',
     p_window_seconds bigint DEFAULT NULL,
     p_time_zone text DEFAULT 'UTC',
-    p_log_calls boolean DEFAULT false
+    p_log_calls boolean DEFAULT false,
+    p_bucket_seconds bigint DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_zone text;
+    v_buckets bigint := p_bucket_seconds;
     v_existing pgcounters.quotas;
     v_id integer;
 BEGIN
@@ -2627,21 +2729,42 @@ BEGIN
         RAISE EXCEPTION 'the default limit of quota % must be positive (or NULL for none), got %',
             p_name, p_default_limit USING ERRCODE = 'PCQ04';
     END IF;
-    IF p_period IS NULL OR p_period NOT IN ('day', 'week', 'month', 'fixed') THEN
-        RAISE EXCEPTION 'the window of quota % must be day, week, month or fixed, got %',
+    IF p_period IS NULL OR p_period NOT IN ('day', 'week', 'month', 'fixed', 'sliding') THEN
+        RAISE EXCEPTION 'the window of quota % must be day, week, month, fixed or sliding, got %',
             p_name, coalesce(p_period, 'NULL') USING ERRCODE = 'PCQ02';
     END IF;
-    IF p_period = 'fixed' THEN
+    IF p_period <> 'sliding' AND p_bucket_seconds IS NOT NULL THEN
+        RAISE EXCEPTION 'a % window of quota % takes no bucket width', p_period, p_name
+            USING ERRCODE = 'PCQ02';
+    END IF;
+    IF p_period IN ('fixed', 'sliding') THEN
         IF p_window_seconds IS NULL OR p_window_seconds <= 0 THEN
-            RAISE EXCEPTION 'a fixed window of quota % needs a positive number of seconds, got %',
-                p_name, coalesce(p_window_seconds::text, 'NULL') USING ERRCODE = 'PCQ02';
+            RAISE EXCEPTION 'a % window of quota % needs a positive number of seconds, got %',
+                p_period, p_name, coalesce(p_window_seconds::text, 'NULL')
+                USING ERRCODE = 'PCQ02';
         END IF;
         IF p_time_zone IS DISTINCT FROM 'UTC' AND p_time_zone IS NOT NULL THEN
-            RAISE EXCEPTION 'fixed windows of quota % are aligned to the Unix epoch and take no '
+            RAISE EXCEPTION '% windows of quota % are aligned to the Unix epoch and take no '
                 'time zone (got %); time zones apply to day, week and month windows',
-                p_name, quote_literal(p_time_zone) USING ERRCODE = 'PCQ02';
+                p_period, p_name, quote_literal(p_time_zone) USING ERRCODE = 'PCQ02';
         END IF;
         v_zone := 'UTC';
+        IF p_period = 'sliding' THEN
+            -- by default 60 buckets, or the widest whole number of seconds below a
+            -- sixtieth of the window that divides it
+            IF v_buckets IS NULL THEN
+                v_buckets := greatest(p_window_seconds / 60, 1);
+                WHILE p_window_seconds % v_buckets <> 0 LOOP
+                    v_buckets := v_buckets - 1;
+                END LOOP;
+            END IF;
+            IF v_buckets <= 0 OR p_window_seconds % v_buckets <> 0
+               OR p_window_seconds / v_buckets > 1000 THEN
+                RAISE EXCEPTION 'the buckets of the sliding window of quota % must be a whole '
+                    'number of seconds dividing its % seconds into at most 1000, got %',
+                    p_name, p_window_seconds, v_buckets USING ERRCODE = 'PCQ02';
+            END IF;
+        END IF;
     ELSE
         IF p_window_seconds IS NOT NULL THEN
             RAISE EXCEPTION 'a % window of quota % takes no number of seconds', p_period, p_name
@@ -2658,9 +2781,9 @@ BEGIN
     END IF;
 
     INSERT INTO pgcounters.quotas
-        (name, period, window_seconds, time_zone, default_limit, log_calls)
+        (name, period, window_seconds, time_zone, default_limit, log_calls, bucket_seconds)
     VALUES (p_name, p_period, p_window_seconds, v_zone, p_default_limit,
-            coalesce(p_log_calls, false))
+            coalesce(p_log_calls, false), v_buckets)
     ON CONFLICT (name) DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NOT NULL THEN
@@ -2670,7 +2793,9 @@ BEGIN
     SELECT * INTO v_existing FROM pgcounters.quotas WHERE name = p_name FOR UPDATE;
     IF v_existing.period IS DISTINCT FROM p_period
        OR v_existing.window_seconds IS DISTINCT FROM p_window_seconds
-       OR v_existing.time_zone IS DISTINCT FROM v_zone THEN
+       OR v_existing.time_zone IS DISTINCT FROM v_zone
+       OR (p_bucket_seconds IS NOT NULL
+           AND v_existing.bucket_seconds IS DISTINCT FROM p_bucket_seconds) THEN
         RAISE EXCEPTION 'quota % already exists with another window', p_name
             USING ERRCODE = 'PCQ03';
     END IF;
@@ -2693,6 +2818,7 @@ BEGIN
         RETURN false;
     END IF;
     DELETE FROM pgcounters.quota_usage WHERE quota_id = v_id;
+    DELETE FROM pgcounters.quota_sliding_usage WHERE quota_id = v_id;
     DELETE FROM pgcounters.quota_log WHERE quota_id = v_id;
     RETURN true;   -- quota_limits go by ON DELETE CASCADE
 END;
@@ -2787,6 +2913,12 @@ DECLARE
     v_seconds bigint;
     v_zone text;
     v_limit bigint;
+    v_width bigint;
+    v_bucket bigint;
+    v_zeros bigint[];
+    v_first record;
+    v_granted bigint[];
+    v_head bigint;
 BEGIN
     IF p_cost IS NULL OR p_cost <= 0 THEN
         RAISE EXCEPTION 'the cost of a call must be a positive number of units, got %',
@@ -2796,38 +2928,69 @@ BEGIN
         PERFORM pgcounters._check_subject(p_subject);  -- raises PCQ06
     END IF;
 
-    SELECT q.id, q.log_calls, q.period, q.window_seconds, q.time_zone,
+    SELECT q.id, q.log_calls, q.period, q.window_seconds, q.time_zone, q.bucket_seconds,
            coalesce((SELECT l.calls FROM pgcounters.quota_limits AS l
                       WHERE l.quota_id = q.id AND l.subject = p_subject AND l.valid @> v_at),
                     q.default_limit, 0)
-      INTO v_id, v_log, v_period, v_seconds, v_zone, v_limit
+      INTO v_id, v_log, v_period, v_seconds, v_zone, v_width, v_limit
       FROM pgcounters.quotas AS q
      WHERE q.name = p_quota;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown quota %', coalesce(quote_literal(p_quota), 'NULL')
             USING ERRCODE = 'PCQ01';
     END IF;
-    window_start := pgcounters.quota_window_start(v_period, v_seconds, v_zone, v_at);
-    window_end := pgcounters.quota_window_end(v_period, v_seconds, v_zone, window_start);
 
-    INSERT INTO pgcounters.quota_usage AS u
-        (quota_id, subject, window_start, window_end, call_limit,
-         used, attempts, rejected, last_allowed)
-    VALUES (v_id, p_subject, window_start, window_end, v_limit,
-            CASE WHEN p_cost <= v_limit THEN p_cost ELSE 0 END,
-            1,
-            CASE WHEN p_cost <= v_limit THEN 0 ELSE 1 END,
-            p_cost <= v_limit)
-    ON CONFLICT ON CONSTRAINT quota_usage_pkey DO UPDATE
-       SET call_limit = excluded.call_limit,
-           used = CASE WHEN u.used + p_cost <= excluded.call_limit
-                       THEN u.used + p_cost ELSE u.used END,
-           attempts = u.attempts + 1,
-           rejected = u.rejected
-                      + CASE WHEN u.used + p_cost <= excluded.call_limit THEN 0 ELSE 1 END,
-           last_allowed = u.used + p_cost <= excluded.call_limit
-    RETURNING u.last_allowed, u.used, u.attempts, u.call_limit
-         INTO allowed, used, attempts, call_limit;
+    IF v_period = 'sliding' THEN
+        v_bucket := floor(extract(epoch FROM v_at) / v_width)::bigint;
+        v_zeros := array_fill(0::bigint, ARRAY[(v_seconds / v_width + 1)::integer]);
+        v_first := pgcounters._sliding_step(
+            v_bucket, v_zeros, v_zeros, v_zeros, v_bucket, p_cost, v_limit);
+        -- the decision is made in the SET clause, from the row locked
+        INSERT INTO pgcounters.quota_sliding_usage AS u
+            (quota_id, subject, head, expires_at, granted, tried, refused,
+             call_limit, last_allowed)
+        VALUES (v_id, p_subject, v_bucket,
+                to_timestamp((v_bucket + 1) * v_width + v_seconds),
+                v_first.granted, v_first.tried, v_first.refused, v_limit, v_first.allowed)
+        ON CONFLICT ON CONSTRAINT quota_sliding_usage_pkey DO UPDATE
+           SET (head, expires_at, granted, tried, refused, call_limit, last_allowed) =
+               (SELECT s.head, to_timestamp((s.head + 1) * v_width + v_seconds),
+                       s.granted, s.tried, s.refused, excluded.call_limit, s.allowed
+                  FROM pgcounters._sliding_step(u.head, u.granted, u.tried, u.refused,
+                                                excluded.head, p_cost,
+                                                excluded.call_limit) AS s)
+        RETURNING u.last_allowed, u.granted, u.head, u.call_limit,
+                  (SELECT sum(x) FROM unnest(u.tried) AS x)::bigint
+             INTO allowed, v_granted, v_head, call_limit, attempts;
+        used := (SELECT sum(x) FROM unnest(v_granted) AS x)::bigint;
+        window_start := to_timestamp((v_head - v_seconds / v_width) * v_width);
+        window_end := to_timestamp((v_head + 1) * v_width);
+        retry_after := pgcounters._sliding_retry(
+            v_granted, v_head, v_width, p_cost, call_limit, allowed, v_at);
+    ELSE
+        window_start := pgcounters.quota_window_start(v_period, v_seconds, v_zone, v_at);
+        window_end := pgcounters.quota_window_end(v_period, v_seconds, v_zone, window_start);
+
+        INSERT INTO pgcounters.quota_usage AS u
+            (quota_id, subject, window_start, window_end, call_limit,
+             used, attempts, rejected, last_allowed)
+        VALUES (v_id, p_subject, window_start, window_end, v_limit,
+                CASE WHEN p_cost <= v_limit THEN p_cost ELSE 0 END,
+                1,
+                CASE WHEN p_cost <= v_limit THEN 0 ELSE 1 END,
+                p_cost <= v_limit)
+        ON CONFLICT ON CONSTRAINT quota_usage_pkey DO UPDATE
+           SET call_limit = excluded.call_limit,
+               used = CASE WHEN u.used + p_cost <= excluded.call_limit
+                           THEN u.used + p_cost ELSE u.used END,
+               attempts = u.attempts + 1,
+               rejected = u.rejected
+                          + CASE WHEN u.used + p_cost <= excluded.call_limit THEN 0 ELSE 1 END,
+               last_allowed = u.used + p_cost <= excluded.call_limit
+        RETURNING u.last_allowed, u.used, u.attempts, u.call_limit
+             INTO allowed, used, attempts, call_limit;
+        retry_after := greatest(extract(epoch FROM window_end - v_at), 0);
+    END IF;
 
     IF v_log THEN
         INSERT INTO pgcounters.quota_log (quota_id, subject, at, cost, allowed, details)
@@ -2836,7 +2999,6 @@ BEGIN
     IF p_async_commit THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    retry_after := greatest(extract(epoch FROM window_end - v_at), 0);
 END;
 $$;
 
@@ -2859,19 +3021,40 @@ DECLARE
     -- p_at, else the clock: the setting pgcounters.now when set, else now()
     v_at timestamptz := coalesce(p_at, nullif(current_setting('pgcounters.now', true), '')::timestamptz,
                                  now());
+    v_bucket bigint;
+    v_row pgcounters.quota_sliding_usage;
 BEGIN
     PERFORM pgcounters._check_subject(p_subject);
-    window_start := pgcounters.quota_window_start(q.period, q.window_seconds, q.time_zone, v_at);
-    window_end := pgcounters.quota_window_end(
-        q.period, q.window_seconds, q.time_zone, window_start);
     call_limit := coalesce(
         (SELECT l.calls FROM pgcounters.quota_limits AS l
           WHERE l.quota_id = q.id AND l.subject = p_subject AND l.valid @> v_at),
         q.default_limit, 0);
-    SELECT u.used, u.attempts, u.rejected INTO used, attempts, rejected
-      FROM pgcounters.quota_usage AS u
-     WHERE u.quota_id = q.id AND u.subject = p_subject
-       AND u.window_start = quota_status.window_start;
+    IF q.period = 'sliding' THEN
+        v_bucket := floor(extract(epoch FROM v_at) / q.bucket_seconds)::bigint;
+        SELECT * INTO v_row FROM pgcounters.quota_sliding_usage AS u
+         WHERE u.quota_id = q.id AND u.subject = p_subject;
+        IF FOUND THEN
+            v_bucket := greatest(v_bucket, v_row.head);
+            used := (SELECT sum(x) FROM unnest(pgcounters._ring_shift(
+                         v_row.granted, v_bucket - v_row.head)) AS x);
+            attempts := (SELECT sum(x) FROM unnest(pgcounters._ring_shift(
+                             v_row.tried, v_bucket - v_row.head)) AS x);
+            rejected := (SELECT sum(x) FROM unnest(pgcounters._ring_shift(
+                             v_row.refused, v_bucket - v_row.head)) AS x);
+        END IF;
+        window_start := to_timestamp(
+            (v_bucket - q.window_seconds / q.bucket_seconds) * q.bucket_seconds);
+        window_end := to_timestamp((v_bucket + 1) * q.bucket_seconds);
+    ELSE
+        window_start := pgcounters.quota_window_start(
+            q.period, q.window_seconds, q.time_zone, v_at);
+        window_end := pgcounters.quota_window_end(
+            q.period, q.window_seconds, q.time_zone, window_start);
+        SELECT u.used, u.attempts, u.rejected INTO used, attempts, rejected
+          FROM pgcounters.quota_usage AS u
+         WHERE u.quota_id = q.id AND u.subject = p_subject
+           AND u.window_start = quota_status.window_start;
+    END IF;
     used := coalesce(used, 0);
     attempts := coalesce(attempts, 0);
     rejected := coalesce(rejected, 0);
@@ -2889,6 +3072,7 @@ CREATE FUNCTION pgcounters.purge_quotas(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id integer;
+    v_sliding bigint;
 BEGIN
     IF p_before IS NULL THEN
         RAISE EXCEPTION 'purge needs a cut-off instant' USING ERRCODE = 'PCQ08';
@@ -2905,6 +3089,10 @@ BEGIN
     DELETE FROM pgcounters.quota_usage
      WHERE window_end <= p_before AND (v_id IS NULL OR quota_id = v_id);
     GET DIAGNOSTICS windows = ROW_COUNT;
+    DELETE FROM pgcounters.quota_sliding_usage
+     WHERE expires_at <= p_before AND (v_id IS NULL OR quota_id = v_id);
+    GET DIAGNOSTICS v_sliding = ROW_COUNT;
+    windows := windows + v_sliding;
     DELETE FROM pgcounters.quota_log
      WHERE at < p_before AND (v_id IS NULL OR quota_id = v_id);
     GET DIAGNOSTICS log_rows = ROW_COUNT;
@@ -3247,16 +3435,33 @@ LANGUAGE sql AS $$
         'GRANT EXECUTE ON PROCEDURE pgcounters.drain_all(integer, bigint, bigint, bigint) TO %I'])
 $$;
 
+-- The application's rights on sliding windows (part of grant_app): it reads
+-- them (quota_status, reports).
+CREATE FUNCTION pgcounters._grant_app_sliding(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._for_role(p_role, ARRAY[
+        'GRANT SELECT ON pgcounters.quota_sliding_usage TO %I',
+        'GRANT EXECUTE ON FUNCTION pgcounters._ring_shift(bigint[], bigint) TO %I'])
+$$;
+
+-- The worker's rights on sliding windows (part of grant_worker): it purges them.
+CREATE FUNCTION pgcounters._grant_worker_sliding(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._grant_app_sliding(p_role) || pgcounters._for_role(p_role, ARRAY[
+        'GRANT DELETE ON pgcounters.quota_sliding_usage TO %I'])
+$$;
+
 CREATE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._grant_app_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
-           || pgcounters._grant_app_sql_interface(p_role)
+           || pgcounters._grant_app_sql_interface(p_role) || pgcounters._grant_app_sliding(p_role)
 $$;
 
 CREATE FUNCTION pgcounters.grant_worker(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._grant_worker_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
            || pgcounters._grant_worker_sql_interface(p_role)
+           || pgcounters._grant_worker_sliding(p_role)
 $$;
 
 

@@ -31,8 +31,15 @@ from django.utils.module_loading import import_string
 
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.errors import SettingsError
-from pgcounters.quotas import CallResult, Quotas
-from pgcounters.ratelimit import HEADER_STYLES, HeaderStyle, rate_limit_headers, retry_after
+from pgcounters.errors import PgCountersError
+from pgcounters.quotas import CallResult, Quotas, Window, sliding_window
+from pgcounters.ratelimit import (
+    HEADER_STYLES,
+    HeaderStyle,
+    parse_rate,
+    rate_limit_headers,
+    retry_after,
+)
 
 KeyFunc: TypeAlias = Callable[[HttpRequest], "str | None"]
 Key: TypeAlias = str | KeyFunc
@@ -48,7 +55,10 @@ PREFIX = "PGCOUNTERS_RATELIMIT_"
 class RateLimitSettings:
     """The ``PGCOUNTERS_RATELIMIT_*`` settings, read when a request is limited.
 
-    ``QUOTA``: the quota of the middleware (required by it). ``KEY``: its key
+    ``QUOTA``: the quota of the middleware (required by it). ``RATE``: its rate
+    (``"1000/day"``, ``"100/sliding:hour"``), which defines the quota on the first
+    request (default: none, the quota must be defined). ``SLIDING``: True makes the
+    rate's window a sliding one. ``KEY``: its key
     (default ``"user_or_ip"``). ``PATHS``: path prefixes the middleware limits
     (default: every path). ``METHODS``: HTTP methods it limits (default: all).
     ``HEADERS``: ``"ratelimit"`` (``RateLimit-Limit``, ``RateLimit-Remaining``,
@@ -66,6 +76,7 @@ class RateLimitSettings:
     """
 
     quota: str | None = None
+    rate: tuple[int, Window] | None = None
     key: Key = "user_or_ip"
     paths: tuple[str, ...] = ("/",)
     methods: frozenset[str] | None = None
@@ -99,8 +110,14 @@ class RateLimitSettings:
             raise SettingsError(f"{PREFIX}RESPONSE must be a callable or its dotted path")
         key = get("KEY", "user_or_ip")
         _check_key(key)
+        rate = get("RATE", None)
+        try:
+            definition = None if rate is None else rate_definition(rate, get("SLIDING", False))
+        except PgCountersError as exc:
+            raise SettingsError(f"{PREFIX}RATE: {exc}") from None
         return cls(
             quota=quota,
+            rate=definition,
             key=key,
             paths=tuple(paths),
             methods=_methods(get("METHODS", None)),
@@ -111,6 +128,31 @@ class RateLimitSettings:
             response=response,
             log_details=bool(get("LOG_DETAILS", False)),
         )
+
+
+def rate_definition(rate: str, sliding: object = False) -> tuple[int, Window]:
+    """``(calls, window)`` of a rate, its window made sliding when ``sliding``."""
+    if not isinstance(sliding, bool):
+        raise SettingsError(f"sliding must be True or False, got {sliding!r}")
+    calls, window = parse_rate(rate)
+    return calls, sliding_window(window) if sliding else window
+
+
+def _define(
+    config: RateLimitSettings,
+    quota: str,
+    rate: tuple[int, Window] | None,
+    defined: set[tuple[str, str, int, str]],
+) -> None:
+    """Define ``quota`` with ``rate``, once per decorated view or middleware (and database)."""
+    if rate is None:
+        return
+    marker = (config.database, quota, rate[0], str(rate[1]))
+    if marker in defined:
+        return
+    with psycopg_connection(config.database) as conn:
+        Quotas(conn, check_schema=False).define_quota(quota, rate[0], window=rate[1])
+    defined.add(marker)
 
 
 def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
@@ -219,6 +261,8 @@ def _finish(
 def ratelimit(
     quota: str,
     *,
+    rate: str | None = None,
+    sliding: bool = False,
     key: Key = "user_or_ip",
     cost: Cost = 1,
     methods: Iterable[str] | None = None,
@@ -226,6 +270,10 @@ def ratelimit(
 ) -> Callable[[V], V]:
     """Limit a view (function or class-based) by a quota.
 
+    ``rate`` (``"1000/day"``, ``"10/minute"``, ``"100/sliding:hour"``): define the quota
+    with that limit and window on the first request (an existing quota's limit follows
+    it; its window cannot change); without it the quota must be defined already.
+    ``sliding=True`` makes the rate's window a sliding one.
     ``key``: ``"user"`` / ``"user_or_ip"`` (the authenticated user, else the client
     address), ``"ip"``, ``"header:<Name>"`` (else the client address), or a
     callable ``(request) -> str | None`` (None: this request is not limited).
@@ -239,6 +287,10 @@ def ratelimit(
     """
     _check_key(key)
     only = _methods(methods)
+    if sliding and rate is None:
+        raise SettingsError("sliding=True goes with a rate, such as rate='100/hour'")
+    definition = None if rate is None else rate_definition(rate, sliding)
+    defined: set[tuple[str, str, int, str]] = set()
 
     def limit(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @functools.wraps(view)
@@ -246,6 +298,7 @@ def ratelimit(
             if only is not None and (request.method or "").upper() not in only:
                 return view(request, *args, **kwargs)
             config = RateLimitSettings.load()
+            _define(config, quota, definition, defined)
             result = check_request(request, quota, key, cost, config)
             return _finish(request, result, config, lambda: view(request, *args, **kwargs), block)
 
@@ -274,6 +327,7 @@ class RateLimitMiddleware:
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
+        self._defined: set[tuple[str, str, int, str]] = set()
         config = RateLimitSettings.load()
         if not config.quota:
             raise SettingsError(
@@ -287,5 +341,6 @@ class RateLimitMiddleware:
             config.methods is not None and (request.method or "").upper() not in config.methods
         ):
             return self.get_response(request)
+        _define(config, config.quota, config.rate, self._defined)
         result = check_request(request, config.quota, config.key, 1, config)
         return _finish(request, result, config, lambda: self.get_response(request), True)

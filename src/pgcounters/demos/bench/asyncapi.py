@@ -4,6 +4,10 @@
   ``AsyncCounters`` on an ``AsyncConnectionPool`` of 8 connections, against
   ``sync-pool``: the sync ``Counters`` on a ``ConnectionPool`` of 8, from 8
   threads, and ``sync-threads``: 8 threads with a connection each.
+* ``psycopg-pool``: the same 8 tasks on the same pool sending the very statement
+  ``incr`` sends with psycopg's own ``await conn.execute(...)``: what psycopg's async
+  I/O reaches at that concurrency without the client, so that ``async-pool`` against it
+  is what the client adds, and it against ``sync-pool`` what async costs by itself.
 * ``async-incr``: one task, ``await pc.incr(...)`` in a loop, against
   ``psycopg-execute``: psycopg's own ``await conn.execute(...)`` of the very
   statement ``incr`` sends (same parameters), on the same kind of connection.
@@ -37,10 +41,20 @@ WORKERS = 8
 COMPARISONS: tuple[Comparison, ...] = (
     ("async-pool", "sync-pool", 1.0),
     ("async-pool", "sync-threads", None),
+    # what the client adds under concurrency (at most 10%), and psycopg's async by itself
+    ("async-pool", "psycopg-pool", 0.91),
+    ("psycopg-pool", "sync-pool", None),
     # time per call of psycopg's execute / time per call of incr: 1/1.1 = at most 10% added
     ("async-incr", "psycopg-execute", 0.91),
 )
-VARIANTS = ("sync-threads", "sync-pool", "async-pool", "psycopg-execute", "async-incr")
+VARIANTS = (
+    "sync-threads",
+    "sync-pool",
+    "async-pool",
+    "psycopg-pool",
+    "psycopg-execute",
+    "async-incr",
+)
 
 
 def prepare(dsn: str) -> None:
@@ -100,14 +114,21 @@ def _sync_pool(dsn: str, per_worker: int) -> float:
         return _threads(work)
 
 
-async def _async_pool(dsn: str, per_worker: int) -> float:
+async def _async_pool(dsn: str, per_worker: int, *, raw: bool = False) -> float:
     pool = AsyncConnectionPool(dsn, min_size=WORKERS, max_size=WORKERS, kwargs=SESSION, open=False)
     await pool.open(wait=True)
     async with pool:
         pc = AsyncCounters(pool)
-        await pc.counter(COUNTER)
+        counter = await pc.counter(COUNTER)
+        statement = query("enqueue")
 
         async def work(w: int) -> None:
+            if raw:
+                for i in range(per_worker):
+                    async with pool.connection() as conn:
+                        key = array_literal([str((w + i) % KEYS)])
+                        await conn.execute(statement, (counter.id, key, 1))
+                return
             for i in range(per_worker):
                 await pc.incr(COUNTER, (w + i) % KEYS)
 
@@ -142,8 +163,8 @@ def run_variant(dsn: str, variant: str, per_worker: int) -> Measurement:
         seconds = _sync_threads(dsn, per_worker)
     elif variant == "sync-pool":
         seconds = _sync_pool(dsn, per_worker)
-    elif variant == "async-pool":
-        seconds = asyncio.run(_async_pool(dsn, per_worker))
+    elif variant in ("async-pool", "psycopg-pool"):
+        seconds = asyncio.run(_async_pool(dsn, per_worker, raw=variant == "psycopg-pool"))
     elif variant in ("psycopg-execute", "async-incr"):
         seconds = asyncio.run(_one_connection(dsn, calls, raw=variant == "psycopg-execute"))
     else:

@@ -1,0 +1,250 @@
+"""The rate-limit dependency in real FastAPI and Starlette apps, on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated
+
+import httpx
+import pytest
+from fastapi import Depends, FastAPI
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+from starlette.authentication import (
+    AuthCredentials,
+    AuthenticationBackend,
+    BaseUser,
+    SimpleUser,
+)
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from pgcounters import AsyncQuotas, Quotas
+from pgcounters.connection import Conn
+from pgcounters.contrib.starlette import RateLimit, quota_name
+from pgcounters.errors import ConfigurationError, InvalidQuotaDefinition
+from pgcounters.quotas import CallResult
+
+T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+
+
+class HeaderUser(AuthenticationBackend):
+    """Authenticates ``X-User: <name>`` (for the tests of the ``user`` key)."""
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
+        name = conn.headers.get("X-User")
+        return (AuthCredentials(["authenticated"]), SimpleUser(name)) if name else None
+
+
+def fastapi_app() -> FastAPI:
+    app = FastAPI(middleware=[Middleware(AuthenticationMiddleware, backend=HeaderUser())])
+    by_ip = RateLimit("3/minute", key="ip")
+
+    @app.get("/items", dependencies=[Depends(by_ip)])
+    async def items() -> dict[str, str]:
+        return {"items": "all"}
+
+    @app.get("/search")
+    async def search(
+        limit: Annotated[CallResult | None, Depends(RateLimit("2/hour", quota="search"))],
+    ) -> dict[str, int]:
+        assert limit is not None
+        return {"remaining": limit.remaining}
+
+    @app.get("/keyed", dependencies=[Depends(RateLimit("2/hour", key="header:X-Api-Key"))])
+    async def keyed() -> str:
+        return "ok"
+
+    def tenant(request: Request) -> str | None:
+        return request.path_params.get("tenant")
+
+    @app.post(
+        "/t/{tenant}",
+        dependencies=[Depends(RateLimit("5/day", key=tenant, cost=2, methods=["POST"]))],
+    )
+    async def per_tenant(tenant: str) -> str:
+        return tenant
+
+    @app.get("/soft", dependencies=[Depends(RateLimit("1/hour", key="ip", block=False))])
+    async def soft(request: Request) -> dict[str, bool]:
+        return {"allowed": request.state.ratelimit.allowed}
+
+    @app.get(
+        "/sliding",
+        dependencies=[Depends(RateLimit("25/hour", key="ip", sliding=True, headers="both"))],
+    )
+    async def sliding() -> str:
+        return "ok"
+
+    return app
+
+
+def run_app(dsn: str, app: FastAPI, body: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
+    """``body`` with a client of ``app``, whose quotas are on a pool of the test database."""
+
+    async def main() -> None:
+        async with AsyncConnectionPool(dsn, min_size=2, max_size=8, open=False) as pool:
+            app.state.quotas = AsyncQuotas(pool, clock=lambda: T0)
+            transport = httpx.ASGITransport(app=app, client=("10.0.0.1", 40000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                await body(client)
+
+    asyncio.run(main())
+
+
+def test_429_with_retry_after_and_the_headers(dsn: str, conn: Conn) -> None:
+    async def body(client: httpx.AsyncClient) -> None:
+        responses = [await client.get("/items") for _ in range(5)]
+        assert [r.status_code for r in responses] == [200, 200, 200, 429, 429]
+        assert [r.headers["RateLimit-Remaining"] for r in responses] == ["2", "1", "0", "0", "0"]
+        assert {r.headers["RateLimit-Limit"] for r in responses} == {"3"}
+        assert {r.headers["RateLimit-Reset"] for r in responses} == {"60"}
+        assert responses[0].json() == {"items": "all"}
+        assert "Retry-After" not in responses[0].headers
+        assert responses[3].headers["Retry-After"] == "60"
+        assert responses[3].json() == {"detail": "Too Many Requests"}
+        # the decision reaches the endpoint too
+        searched = [await client.get("/search") for _ in range(3)]
+        assert [r.status_code for r in searched] == [200, 200, 429]
+        assert searched[0].json() == {"remaining": 1}
+
+    run_app(dsn, fastapi_app(), body)
+    quotas = Quotas(conn)
+    assert quota_name("3/minute") == "ratelimit:3/60s"
+    assert (quotas.quota("ratelimit:3/60s").default_limit, quotas.quota("search").window) == (
+        3,
+        "3600s",
+    )
+    status = quotas.status("ratelimit:3/60s", "ip:10.0.0.1", at=T0)
+    assert (status.used, status.attempts, status.rejected) == (3, 5, 2)
+
+
+def test_keys_by_user_header_and_callable(dsn: str, conn: Conn) -> None:
+    async def body(client: httpx.AsyncClient) -> None:
+        # the user's budget, then the address's (user_or_ip is the default key)
+        for who in ("ann", "bob"):
+            codes = [(await client.get("/search", headers={"X-User": who})).status_code]
+            codes += [(await client.get("/search", headers={"X-User": who})).status_code]
+            codes += [(await client.get("/search", headers={"X-User": who})).status_code]
+            assert codes == [200, 200, 429]
+        assert (await client.get("/search")).status_code == 200
+        # by header, falling back to the address without it
+        keyed = [
+            (await client.get("/keyed", headers={"X-Api-Key": k})).status_code
+            for k in ("k1", "k1", "k1", "k2")
+        ]
+        assert keyed == [200, 200, 429, 200]
+        assert (await client.get("/keyed")).status_code == 200
+        # by a callable of the request, cost 2 against 5 a day, POST only
+        posts = [(await client.post("/t/acme")).status_code for _ in range(3)]
+        assert posts == [200, 200, 429]
+        assert (await client.post("/t/other")).status_code == 200
+        assert (await client.get("/t/acme")).status_code == 405  # not a limited method
+
+    run_app(dsn, fastapi_app(), body)
+    report = {(r.subject, r.used, r.rejected) for r in Quotas(conn).report("search")}
+    assert report == {("user:ann", 2, 1), ("user:bob", 2, 1), ("ip:10.0.0.1", 1, 0)}
+    keyed = {(r.subject, r.attempts) for r in Quotas(conn).report("ratelimit:2/3600s")}
+    assert keyed == {("header:k1", 3), ("header:k2", 1), ("ip:10.0.0.1", 1)}
+    tenants = {(r.subject, r.used) for r in Quotas(conn).report("ratelimit:5/day")}
+    assert tenants == {("acme", 4), ("other", 2)}
+
+
+def test_block_false_lets_the_endpoint_decide(dsn: str) -> None:
+    async def body(client: httpx.AsyncClient) -> None:
+        answers = [(await client.get("/soft")).json() for _ in range(2)]
+        assert answers == [{"allowed": True}, {"allowed": False}]
+
+    run_app(dsn, fastapi_app(), body)
+
+
+@pytest.mark.parametrize("path", ["/sliding", "/keyed"])
+def test_concurrent_requests_never_get_one_call_over_the_limit(
+    dsn: str, conn: Conn, path: str
+) -> None:
+    statuses: list[int] = []
+
+    async def body(client: httpx.AsyncClient) -> None:
+        responses = await asyncio.gather(
+            *(client.get(path, headers={"X-Api-Key": "k"}) for _ in range(60))
+        )
+        statuses.extend(r.status_code for r in responses)
+        if path == "/sliding":
+            remaining = sorted(int(r.headers["X-RateLimit-Remaining"]) for r in responses)
+            assert remaining[-25:] == list(range(25))  # each unit handed out once
+
+    run_app(dsn, fastapi_app(), body)
+    limit = 25 if path == "/sliding" else 2
+    assert statuses.count(200) == limit
+    assert statuses.count(429) == 60 - limit
+    name = "ratelimit:25/sliding:3600s" if path == "/sliding" else "ratelimit:2/3600s"
+    subject = "ip:10.0.0.1" if path == "/sliding" else "header:k"
+    status = Quotas(conn).status(name, subject, at=T0)
+    assert (status.used, status.attempts) == (limit, 60)
+
+
+def test_a_starlette_app_with_its_lifespan(dsn: str, conn: Conn) -> None:
+    """A Starlette app whose pool is made in its lifespan; the endpoint calls ``check``."""
+    limit = RateLimit("2/minute", key="header:X-Api-Key", quota="starlette")
+
+    async def endpoint(request: Request) -> PlainTextResponse:
+        result = await limit.check(request)
+        assert result is not None
+        return PlainTextResponse("ok", headers=limit.headers_of(result))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with AsyncConnectionPool(dsn, open=False) as pool:
+            app.state.quotas = AsyncQuotas(pool)
+            yield
+
+    app = Starlette(routes=[Route("/", endpoint)], lifespan=lifespan)
+    responses: list[httpx.Response] = []
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://test") as client,
+        ):
+            for _ in range(3):
+                responses.append(await client.get("/", headers={"X-Api-Key": "k"}))
+
+    asyncio.run(main())
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    assert responses[1].headers["RateLimit-Remaining"] == "0"
+    assert responses[2].text == "Too Many Requests"
+    assert int(responses[2].headers["Retry-After"]) >= 1
+    assert Quotas(conn).quota("starlette").default_limit == 2
+
+
+def test_bad_arguments_are_errors(dsn: str) -> None:
+    with pytest.raises(InvalidQuotaDefinition):
+        RateLimit("ten/minute")
+    with pytest.raises(InvalidQuotaDefinition):
+        RateLimit("10/sliding:month")
+    with pytest.raises(ConfigurationError, match="invalid rate-limit key"):
+        RateLimit("10/minute", key="header:")
+    with pytest.raises(ConfigurationError, match="headers must be"):
+        RateLimit("10/minute", headers="loud")  # type: ignore[arg-type]
+    with pytest.raises(InvalidQuotaDefinition):
+        RateLimit("10/minute", quota="not a name")
+    app = FastAPI()
+
+    @app.get("/", dependencies=[Depends(RateLimit("1/minute", key="ip"))])
+    async def root() -> str:
+        return "ok"
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=True)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            with pytest.raises(ConfigurationError, match=r"app\.state\.quotas"):
+                await client.get("/")
+
+    asyncio.run(main())
