@@ -7,8 +7,10 @@ children first, or the database's ON DELETE CASCADE after the parent), truncates
 from __future__ import annotations
 
 import random
+import threading
 from typing import Any
 
+import psycopg
 import pytest
 
 import truth
@@ -17,6 +19,7 @@ from pgcounters.connection import Conn
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.repair import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Via
+from support import wait_for_lock_wait
 
 DDL = """
 CREATE TABLE blog_author (id bigserial PRIMARY KEY, public_comments bigint NOT NULL DEFAULT 0);
@@ -319,3 +322,118 @@ def test_a_path_that_does_not_compile_is_refused(conn: Conn) -> None:
     with pytest.raises(InvalidCounterDefinition, match="no_such_column"):
         triggers.install(conn, [bad])
     assert triggers.declared(conn) == []
+
+
+def test_a_change_to_a_middle_table_that_breaks_a_counter_is_refused(conn: Conn) -> None:
+    _blog(conn)
+    with pytest.raises(psycopg.Error, match=r"breaks counter blog\.author_score_published"):
+        conn.execute("ALTER TABLE blog_article DROP COLUMN published")
+    with pytest.raises(psycopg.Error, match=r"breaks counter blog\.author\.public_comments"):
+        conn.execute("ALTER TABLE blog_article RENAME COLUMN author_id TO writer_id")
+    conn.execute("ALTER TABLE blog_article ADD COLUMN title text")  # harmless: allowed
+    assert all(d.ok for d in triggers.drift(conn))
+
+
+def test_uninstall_removes_the_triggers_of_the_path(conn: Conn) -> None:
+    _blog(conn)
+    on_articles = "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'blog_article'::regclass"
+    assert conn.execute(on_articles + " AND NOT tgisinternal").fetchone() == (12,)
+    for name in (PUBLIC, SCORE, TAGS):
+        assert triggers.uninstall(conn, name, drop_values=True)
+    assert conn.execute(on_articles + " AND NOT tgisinternal").fetchone() == (0,)
+    assert triggers.installed(conn) == []
+    conn.execute("DELETE FROM blog_article")  # nothing left to fire
+
+
+@pytest.mark.parametrize("order", ["insert first", "move first"])
+def test_a_move_beside_an_insert_under_it_is_exact(dsn: str, conn: Conn, order: str) -> None:
+    """A transaction adds comments to an article while another moves the article to another
+    author: whichever goes first, the other waits for it (the share lock the comments' trigger
+    takes on the article), then counts through the article as the first left it."""
+    _blog(conn)
+    _seed(conn)
+    insert = (
+        "INSERT INTO blog_comment (article_id, public, score) VALUES (1, true, 5), (1, true, 6)"
+    )
+    move = "UPDATE blog_article SET author_id = 3 WHERE id = 1"
+    first_sql, second_sql = (insert, move) if order == "insert first" else (move, insert)
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn, autocommit=True) as second:
+        first.execute(first_sql)  # its transaction stays open
+        pid = second.info.backend_pid
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                second.execute(second_sql)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_for_lock_wait(conn, pid)
+        first.commit()
+        thread.join()
+        assert errors == []
+    _check(conn)
+
+
+DEEP_DDL = """
+CREATE TABLE t_owner (id bigint PRIMARY KEY, notes bigint NOT NULL DEFAULT 0);
+CREATE TABLE t_blog (
+    id bigint PRIMARY KEY, owner_id bigint REFERENCES t_owner ON DELETE CASCADE,
+    active boolean NOT NULL DEFAULT true
+);
+CREATE TABLE t_post (id bigint PRIMARY KEY, blog_id bigint REFERENCES t_blog ON DELETE CASCADE);
+CREATE TABLE t_note (id bigserial PRIMARY KEY, post_id bigint REFERENCES t_post ON DELETE CASCADE);
+CREATE INDEX ON t_blog (owner_id);
+CREATE INDEX ON t_post (blog_id);
+CREATE INDEX ON t_note (post_id);
+INSERT INTO t_owner (id) SELECT g FROM generate_series(1, 3) AS g;
+INSERT INTO t_blog (id, owner_id, active)
+    SELECT g, 1 + g % 3, g % 4 <> 0 FROM generate_series(1, 8) AS g;
+INSERT INTO t_post (id, blog_id) SELECT g, 1 + g % 8 FROM generate_series(1, 20) AS g;
+INSERT INTO t_note (post_id) SELECT 1 + g % 20 FROM generate_series(1, 100) AS g;
+"""
+DEEP = "t.owner.notes"
+DEEP_TRUTH = truth.from_sql(
+    DEEP,
+    "SELECT o.id, count(n.id) FROM t_owner AS o LEFT JOIN t_blog AS b"
+    " ON b.owner_id = o.id AND b.active LEFT JOIN t_post AS p ON p.blog_id = b.id"
+    " LEFT JOIN t_note AS n ON n.post_id = p.id GROUP BY o.id",
+    stored="SELECT id, notes FROM t_owner",
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_three_level_path_is_exact_through_moves_and_cascades(conn: Conn, mode: Any) -> None:
+    conn.execute(DEEP_DDL)
+    spec = CounterSpec(
+        name=DEEP,
+        source="t_note",
+        keys=("owner_id",),
+        via=(
+            Via("t_post", "post_id"),
+            Via("t_blog", "blog_id", where=Fragment('"t_blog".active')),
+        ),
+        target=ColumnTarget("t_owner", "notes"),
+        mode=mode,
+    )
+    triggers.install(conn, [spec])  # backfilled: the notes were there before
+    truth.assert_exact(conn, [DEEP_TRUTH])
+    conn.execute("UPDATE t_blog SET owner_id = 3 WHERE id IN (1, 2)")  # the top moves
+    conn.execute("UPDATE t_post SET blog_id = 4 WHERE id % 5 = 0")  # the middle moves
+    conn.execute("UPDATE t_blog SET active = NOT active")
+    truth.assert_exact(conn, [DEEP_TRUTH])
+    conn.execute("DELETE FROM t_blog WHERE id = 3")  # cascades two levels down
+    conn.execute("DELETE FROM t_post WHERE id = 7")
+    with conn.transaction():  # the application's order: the children first
+        conn.execute(
+            "DELETE FROM t_note WHERE post_id IN (SELECT id FROM t_post WHERE blog_id = 5)"
+        )
+        conn.execute("DELETE FROM t_post WHERE blog_id = 5")
+        conn.execute("DELETE FROM t_blog WHERE id = 5")
+    conn.execute("INSERT INTO t_note (post_id) SELECT id FROM t_post")
+    truth.assert_exact(conn, [DEEP_TRUTH])
+    truth.assert_drained(conn, [DEEP_TRUTH])
+    assert verify(conn, DEEP).mismatches == []
+    assert conn.execute("SELECT count(*) FROM t_note").fetchone() != (0,)

@@ -774,7 +774,9 @@ def compile_via_trigger(spec: CounterSpec, step: int, event: Event) -> CompiledT
     * INSERT and UPDATE (statement-level, with transition tables): the counted rows under
       the new rows count through them, those under the old rows no longer do, netted per
       key: a moved row (an article given to another author) moves all its counted rows in
-      one delta per key; a changed condition on it adds or removes them.
+      one delta per key; a changed condition on it adds or removes them. An UPDATE by
+      pgcounters' own writers of counter columns is skipped (a path's condition does not
+      read a counter column).
     * DELETE (``BEFORE ... FOR EACH ROW``): the counted rows under the row no longer count.
       It runs before the row goes, while the rows under it are still there: when the
       database deletes them afterwards (``ON DELETE CASCADE``), their own trigger finds no
@@ -836,6 +838,12 @@ def compile_via_trigger(spec: CounterSpec, step: int, event: Event) -> CompiledT
             + sql.SQL("    _pgc_target := {};\n    ").format(ensure_target_call(spec))
             + apply
         )
+    if base == "update":
+        # pgcounters' own writes of counter columns (the drain, recount, a direct-mode
+        # trigger) change no link, key or condition of a path: nothing moves
+        paused = paused + sql.SQL(
+            "    IF current_setting({}, true) = 'on' THEN\n        RETURN NULL;\n    END IF;\n"
+        ).format(sql.Literal(APPLYING))
     text = marker + paused.as_string() + body.as_string() + done
     return CompiledTrigger(
         spec.name,

@@ -482,6 +482,9 @@ def drift(conn: Conn, specs: Iterable[CounterSpec] | None = None) -> list[Drift]
         reason = broken_on.get((s.source.schema, s.source.name), {}).get(s.name)
         if reason is None and isinstance(s.target, ColumnTarget):  # the parent table changed
             reason = broken_on.get((s.target.table.schema, s.target.table.name), {}).get(s.name)
+        for step in s.via:  # a table of its path changed
+            if reason is None:
+                reason = broken_on.get((step.table.schema, step.table.name), {}).get(s.name)
         if reason is not None and s.name in by_name:
             by_name.pop(s.name)
             out.append(Drift(s.name, "broken", f"the table changed under it: {reason}"))
