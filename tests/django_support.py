@@ -23,6 +23,7 @@ from pgcounters import Counters
 from pgcounters.connection import Conn
 from pgcounters.contrib.django import declared_counters
 from pgcounters.contrib.django.db import psycopg_connection
+from press.models import Label, Story, Writer
 
 
 def drain() -> None:
@@ -115,6 +116,7 @@ def orm_truths() -> list[truth.Truth]:
                 .values_list("day", "total")
             },
         ),
+        *press_truths(),
         truth.from_rows(
             "oddnames.items.by_state",
             lambda conn: {
@@ -123,6 +125,44 @@ def orm_truths() -> list[truth.Truth]:
                 .annotate(n=Count("pk"))
                 .values_list("state", "n")
             },
+        ),
+    ]
+
+
+def press_truths() -> list[truth.Truth]:
+    """The counters through paths and many-to-many relations (the press test app)."""
+    return [
+        _column(
+            "press.writer.public_remarks",
+            Writer,
+            "public_remarks",
+            Count(
+                "stories__remarks",
+                filter=Q(stories__remarks__public=True, stories__published=True),
+            ),
+        ),
+        _column(
+            "press.writer.remark_score", Writer, "remark_score", Sum("stories__remarks__score")
+        ),
+        _column(
+            "press.writer.public_remarks_direct",
+            Writer,
+            "public_remarks_direct",
+            Count("stories__remarks", filter=Q(stories__remarks__public=True)),
+        ),
+        _column(
+            "press.label.published_stories",
+            Label,
+            "published_stories",
+            Count("stories", filter=Q(stories__published=True)),
+        ),
+        _column("press.label.stories_unlogged", Label, "stories_unlogged", Count("stories")),
+        _column("press.story.label_count", Story, "label_count", Count("labels")),
+        _column(
+            "press.story.active_labels",
+            Story,
+            "active_labels",
+            Count("labels", filter=Q(labels__active=True)),
         ),
     ]
 

@@ -68,7 +68,7 @@ from pgcounters.estimates import estimate_query, estimate_table
 from pgcounters.quotas import AsyncQuotas, CallResult, Quota, QuotaLimit, Quotas
 from pgcounters.repair import RecountResult, VerifyResult, recount, verify
 from pgcounters.schema import install, upgrade
-from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
+from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table, Via
 
 if TYPE_CHECKING:
     from pgcounters import notifications, status
@@ -108,6 +108,7 @@ __all__ = [  # noqa: RUF022
     "NamedTarget",
     "RecountResult",
     "Table",
+    "Via",
     "VerifyResult",
     "recount",
     "triggers",

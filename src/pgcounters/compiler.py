@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -34,10 +35,36 @@ from psycopg.abc import AdaptContext
 
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, KeyExpr, Table
 
-Event: TypeAlias = Literal["insert", "update", "delete", "truncate", "guard_update", "guard_insert"]
+Event: TypeAlias = Literal[
+    "insert",
+    "update",
+    "delete",
+    "truncate",
+    "guard_update",
+    "guard_insert",
+    "via1_insert",
+    "via1_update",
+    "via1_delete",
+    "via1_truncate",
+    "via2_insert",
+    "via2_update",
+    "via2_delete",
+    "via2_truncate",
+    "via3_insert",
+    "via3_update",
+    "via3_delete",
+    "via3_truncate",
+]
 EVENTS: tuple[Event, ...] = ("insert", "update", "delete", "truncate")
 # the row triggers that keep a counter column to pgcounters' writers (on the target table)
 GUARD_EVENTS: tuple[Event, ...] = ("guard_update", "guard_insert")
+# the triggers of a path's tables (step 1, 2, 3 of ``CounterSpec.via``)
+VIA_EVENTS: tuple[tuple[Event, ...], ...] = (
+    ("via1_insert", "via1_update", "via1_delete", "via1_truncate"),
+    ("via2_insert", "via2_update", "via2_delete", "via2_truncate"),
+    ("via3_insert", "via3_update", "via3_delete", "via3_truncate"),
+)
+ALL_VIA_EVENTS: tuple[Event, ...] = tuple(e for step in VIA_EVENTS for e in step)
 _SUFFIX: dict[Event, str] = {
     "insert": "ins",
     "update": "upd",
@@ -45,6 +72,7 @@ _SUFFIX: dict[Event, str] = {
     "truncate": "trn",
     "guard_update": "gup",
     "guard_insert": "gin",
+    **{e: f"v{e[3]}{e[5]}" for e in ALL_VIA_EVENTS},
 }
 APPLYING = "pgcounters.applying"
 """The transaction-local setting pgcounters' writers turn on around their UPDATE of a column."""
@@ -69,10 +97,17 @@ class CompiledTrigger:
     # a guard: a BEFORE ... FOR EACH ROW trigger of the counter column, with a WHEN condition
     column: str | None = None
     condition: str | None = None
+    # a BEFORE ... FOR EACH ROW trigger that is not a guard (a path table's DELETE)
+    row: bool = False
 
     @property
     def is_guard(self) -> bool:
         return self.column is not None
+
+    @property
+    def is_row(self) -> bool:
+        """A BEFORE ... FOR EACH ROW trigger (a guard, or a path table's DELETE)."""
+        return self.is_guard or self.row
 
     @property
     def operation(self) -> str:
@@ -82,15 +117,22 @@ class CompiledTrigger:
         if self.event == "guard_update":
             assert self.column is not None
             return "UPDATE OF " + _quote(self.column)
-        return self.event.upper()
+        return self.base_event.upper()
+
+    @property
+    def base_event(self) -> str:
+        """``insert``, ``update``, ``delete`` or ``truncate`` (a path table's too)."""
+        return self.event.partition("_")[2] if self.event in ALL_VIA_EVENTS else self.event
 
     @property
     def old_table(self) -> str | None:
-        return OLD_TABLE if self.event in ("update", "delete") else None
+        if self.row:
+            return None
+        return OLD_TABLE if self.base_event in ("update", "delete") else None
 
     @property
     def new_table(self) -> str | None:
-        return NEW_TABLE if self.event in ("insert", "update") else None
+        return NEW_TABLE if self.base_event in ("insert", "update") else None
 
     def function_source(self) -> str:
         """The complete PL/pgSQL source: DECLARE ... BEGIN body END."""
@@ -129,13 +171,13 @@ class CompiledSpec:
                     "EXECUTE FUNCTION {}()"
                 ).format(
                     sql.Identifier(trigger.name),
-                    sql.SQL("BEFORE" if trigger.is_guard else "AFTER"),
+                    sql.SQL("BEFORE" if trigger.is_row else "AFTER"),
                     sql.SQL(trigger.operation),
                     source,
                     sql.SQL("REFERENCING ") + sql.SQL(" ").join(referencing)
                     if referencing
                     else sql.SQL(""),
-                    sql.SQL("ROW" if trigger.is_guard else "STATEMENT"),
+                    sql.SQL("ROW" if trigger.is_row else "STATEMENT"),
                     sql.SQL(f"WHEN ({trigger.condition}) " if trigger.condition else ""),
                     function,
                 ),
@@ -190,6 +232,11 @@ def _key_parts(spec: CounterSpec) -> list[sql.Composable]:
     in the key type give one key with one canonical text (a timestamp column
     keying a date, numeric 1.0 and 1.00 keying a bigint), as the client encodes it.
     """
+    if spec.via:  # a column named is one of the path's last table
+        return [
+            key_part(_path_expr(spec, k, len(spec.via)), t)
+            for k, t in zip(spec.keys, spec.key_types, strict=True)
+        ]
     return [key_part(_expr(k), t) for k, t in zip(spec.keys, spec.key_types, strict=True)]
 
 
@@ -249,9 +296,9 @@ def _aggregate(spec: CounterSpec) -> sql.Composable:
     if spec.scale is not None:
         # an exact sum of decimals, in units of 10^-scale (refused if a value has more places)
         return sql.SQL("pgcounters.scaled(coalesce(sum({}), 0), {}, {})").format(
-            _expr(spec.sum), sql.Literal(spec.scale), sql.Literal(spec.name)
+            _sum_expr(spec), sql.Literal(spec.scale), sql.Literal(spec.name)
         )
-    return sql.SQL("coalesce(sum({}), 0)").format(_expr(spec.sum))
+    return sql.SQL("coalesce(sum({}), 0)").format(_sum_expr(spec))
 
 
 def column_units(spec: CounterSpec, value: sql.Composable) -> sql.Composable:
@@ -279,6 +326,8 @@ def contributions(
     extra: sql.Composable | None = None,
 ) -> sql.Composed:
     """``SELECT key, delta`` of the rows of ``relation`` (aliased as the source table)."""
+    if spec.via:  # through a path: the rows of relation joined with the path's tables
+        return path_contributions(spec, relation, 0, typed=typed, negate=negate, extra=extra)
     where = row_filter(spec)
     if extra is not None:
         where = sql.SQL("{} AND ({})").format(where, extra)
@@ -309,13 +358,13 @@ def probe_query(spec: CounterSpec) -> sql.Composed:
     or when a counter column's parent table lost its key or counter column.
     """
     values: list[sql.Composable] = list(_key_parts(spec))
-    where = row_filter(spec)
+    where = _path_filter(spec) if spec.via else row_filter(spec)
     if spec.sum is not None and spec.scale is None:
-        values.append(sql.SQL("pgcounters.integer_value({})").format(_expr(spec.sum)))
+        values.append(sql.SQL("pgcounters.integer_value({})").format(_sum_expr(spec)))
     elif spec.sum is not None:
         values.append(
             sql.SQL("pgcounters.scaled({}, {}, {})").format(
-                _expr(spec.sum), sql.Literal(spec.scale), sql.Literal(spec.name)
+                _sum_expr(spec), sql.Literal(spec.scale), sql.Literal(spec.name)
             )
         )
         if isinstance(spec.sum, str):
@@ -340,6 +389,13 @@ def probe_query(spec: CounterSpec) -> sql.Composed:
             )
         target = sql.SQL("WITH pgc_target AS (SELECT x.{}, x.{} FROM {} AS x{} LIMIT 0) ").format(
             sql.Identifier(t.key_column), sql.Identifier(t.column), t.table.identifier(), scale
+        )
+    if spec.via:  # the path's tables, joined: their links, keys and conditions too
+        return sql.SQL("{target}SELECT {values} FROM {path} WHERE {where} LIMIT 0").format(
+            target=target,
+            values=sql.SQL(", ").join(values) if values else sql.SQL("1"),
+            path=_path_from(spec, spec.source.identifier(), 0),
+            where=where,
         )
     return sql.SQL("{target}SELECT {values} FROM {source} AS {alias} WHERE {where} LIMIT 0").format(
         target=target,
@@ -433,14 +489,21 @@ def _net(spec: CounterSpec, event: Event, *, typed: bool) -> sql.Composed:
     return sql.SQL("SELECT d.key, d.delta FROM ({}) AS d WHERE d.delta <> 0").format(inner)
 
 
-def _apply(spec: CounterSpec, event: Event) -> tuple[list[tuple[str, str]], sql.Composed]:
-    """The statements that record the net change, by mode and target kind."""
+def _apply(
+    spec: CounterSpec,
+    event: Event,
+    net: Callable[[bool], sql.Composed] | None = None,
+) -> tuple[list[tuple[str, str]], sql.Composed]:
+    """The statements that record the net change, by mode and target kind (``net``: the
+    ``SELECT key, delta`` of the change, typed or not; by default the source rows')."""
+    if net is None:
+        net = lambda typed: _net(spec, event, typed=typed)  # noqa: E731
     if spec.mode != "direct":
         queue = "queue" if spec.mode == "queued" else "queue_unlogged"
         return [], sql.SQL(
             "INSERT INTO {} (target_id, key, delta)\n"
             "    SELECT _pgc_target, n.key, n.delta FROM ({}) AS n;\n"
-        ).format(sql.Identifier("pgcounters", queue), _net(spec, event, typed=False))
+        ).format(sql.Identifier("pgcounters", queue), net(False))
     if not isinstance(spec.target, ColumnTarget):
         # through a SECURITY DEFINER function (migration 0006): the writer of the
         # source table needs no write right on pgcounters.counters
@@ -448,7 +511,7 @@ def _apply(spec: CounterSpec, event: Event) -> tuple[list[tuple[str, str]], sql.
             "PERFORM pgcounters.add_direct(array_agg(_pgc_target), array_agg(n.key::text),\n"
             "                                  array_agg(n.delta))\n"
             "      FROM ({}) AS n;\n"
-        ).format(_net(spec, event, typed=False))
+        ).format(net(False))
     t = spec.target
     parent = t.table.identifier()
     key_col, col = sql.Identifier(t.key_column), sql.Identifier(t.column)
@@ -475,7 +538,7 @@ def _apply(spec: CounterSpec, event: Event) -> tuple[list[tuple[str, str]], sql.
         "        PERFORM set_config({applying}, '', true);\n"
         "    END IF;\n"
     ).format(
-        net=_net(spec, event, typed=True),
+        net=net(True),
         parent=parent,
         key_col=key_col,
         col=col,
@@ -501,6 +564,13 @@ def compile_trigger(spec: CounterSpec, event: Event) -> CompiledTrigger:
         extra, apply = _apply(spec, event)
         declare += [("_pgc_target", "integer"), *extra]
         body = sql.SQL("    _pgc_target := {};\n    {}").format(ensure_target_call(spec), apply)
+        if spec.via:  # the path's rows this statement's rows count through, held first
+            relations = {
+                "insert": [NEW_TABLE],
+                "update": [OLD_TABLE, NEW_TABLE],
+                "delete": [OLD_TABLE],
+            }[event]
+            body = path_locks(spec, 0, [sql.Identifier(r) for r in relations]) + body
     text = marker + paused.as_string() + body.as_string() + "    RETURN NULL;\n"
     return CompiledTrigger(spec.name, event, trigger_name(spec.name, event), tuple(declare), text)
 
@@ -559,8 +629,10 @@ def compile_guard(spec: CounterSpec, event: Event) -> CompiledTrigger:
 
 
 def events_of(spec: CounterSpec) -> tuple[Event, ...]:
-    """The triggers a spec has: four on its source table, two guards for a counter column."""
-    return EVENTS + GUARD_EVENTS if isinstance(spec.target, ColumnTarget) else EVENTS
+    """The triggers a spec has: four on its source table, two guards for a counter column,
+    four on each table of its path."""
+    path = tuple(e for step in VIA_EVENTS[: len(spec.via)] for e in step)
+    return (EVENTS + GUARD_EVENTS if isinstance(spec.target, ColumnTarget) else EVENTS) + path
 
 
 def compile_spec(spec: CounterSpec) -> CompiledSpec:
@@ -568,4 +640,217 @@ def compile_spec(spec: CounterSpec) -> CompiledSpec:
     triggers = [compile_trigger(spec, event) for event in EVENTS]
     if isinstance(spec.target, ColumnTarget):
         triggers += [compile_guard(spec, event) for event in GUARD_EVENTS]
+    for step, events in enumerate(VIA_EVENTS[: len(spec.via)], start=1):
+        triggers += [compile_via_trigger(spec, step, event) for event in events]
     return CompiledSpec(spec, tuple(triggers))
+
+
+# -- paths: rows counted through other tables ----------------------------------
+
+
+def _sum_expr(spec: CounterSpec) -> sql.Composable:
+    """The summed value of a source row (a column qualified by its table on a path)."""
+    assert spec.sum is not None
+    return _path_expr(spec, spec.sum, 0) if spec.via else _expr(spec.sum)
+
+
+def _path_table(spec: CounterSpec, index: int) -> Table:
+    """Table ``index`` of the spec's path: 0 is the counted table, then each step's."""
+    return spec.source if index == 0 else spec.via[index - 1].table
+
+
+def _path_expr(spec: CounterSpec, value: KeyExpr, index: int) -> sql.Composable:
+    """A column of table ``index`` of the path (qualified by its alias), or a fragment."""
+    if isinstance(value, Fragment):
+        return sql.SQL("({})").format(value.composed())
+    return sql.Identifier(_path_table(spec, index).name, value)
+
+
+def _path_from(
+    spec: CounterSpec,
+    relation: sql.Composable,
+    at: int,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+) -> sql.Composed:
+    """``FROM`` items joining the tables ``start`` to ``stop`` of the path (each aliased by
+    its table name), with ``relation`` in place of table ``at``."""
+    last = len(spec.via) if stop is None else stop
+    items: list[sql.Composable] = []
+    for index in range(start, last + 1):
+        table = _path_table(spec, index)
+        rel = relation if index == at else table.identifier()
+        alias = sql.Identifier(table.name)
+        if index == start:
+            items.append(sql.SQL("{} AS {}").format(rel, alias))
+            continue
+        step = spec.via[index - 1]
+        items.append(
+            sql.SQL("JOIN {} AS {} ON {}.{} = {}.{}").format(
+                rel,
+                alias,
+                alias,
+                sql.Identifier(step.key),
+                sql.Identifier(_path_table(spec, index - 1).name),
+                sql.Identifier(step.link),
+            )
+        )
+    return sql.SQL(" ").join(items)
+
+
+def _path_filter(spec: CounterSpec) -> sql.Composable:
+    """The condition under which a row counts through the path: the counted rows' and each
+    step's condition, and no NULL key part (the joins need every link)."""
+    parts: list[sql.Composable] = []
+    if spec.where is not None:
+        parts.append(sql.SQL("({})").format(spec.where.composed()))
+    parts += [
+        sql.SQL("({})").format(step.where.composed()) for step in spec.via if step.where is not None
+    ]
+    parts += [
+        sql.SQL("({}) IS NOT NULL").format(_path_expr(spec, k, len(spec.via))) for k in spec.keys
+    ]
+    return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
+
+
+def path_contributions(
+    spec: CounterSpec,
+    relation: sql.Composable,
+    at: int,
+    *,
+    typed: bool = False,
+    negate: bool = False,
+    extra: sql.Composable | None = None,
+) -> sql.Composed:
+    """``SELECT key, delta`` of the counted rows reached through the path when ``relation``
+    stands for its table ``at`` (the counted table's transition table, a step's, or a
+    table itself): the other tables are read as they are."""
+    where = _path_filter(spec)
+    if extra is not None:
+        where = sql.SQL("{} AND ({})").format(where, extra)
+    group = sql.SQL(", ").join(_key_parts(spec)) if spec.keys else sql.SQL("1")
+    return sql.SQL(
+        "SELECT {key} AS key, {sign}{agg}::bigint AS delta FROM {path} WHERE {where} "
+        "GROUP BY {group}"
+    ).format(
+        key=_typed_key(spec) if typed else _text_key(spec),
+        sign=sql.SQL("-") if negate else sql.SQL(""),
+        agg=_aggregate(spec),
+        path=_path_from(spec, relation, at),
+        where=where,
+        group=group,
+    )
+
+
+def path_locks(spec: CounterSpec, at: int, relations: Sequence[sql.Composable]) -> sql.Composed:
+    """Statements that take a share lock, in key order, on the rows of the path's tables
+    above table ``at`` that the rows of ``relations`` reach: a concurrent move or delete of
+    such a row waits for this transaction (and this one for it), so each of the two counts
+    the other's rows once, through the row as it is after the other."""
+    out: list[sql.Composable] = []
+    for index in range(at + 1, len(spec.via) + 1):
+        step = spec.via[index - 1]
+        reached = sql.SQL(" UNION ALL ").join(
+            sql.SQL("SELECT {}.{} FROM {}").format(
+                sql.Identifier(_path_table(spec, index - 1).name),
+                sql.Identifier(step.link),
+                _path_from(spec, rel, at, start=at, stop=index - 1),
+            )
+            for rel in relations
+        )
+        out.append(
+            sql.SQL(
+                "    PERFORM 1 FROM {table} AS pgc_held WHERE pgc_held.{key} IN ({reached})\n"
+                "      ORDER BY pgc_held.{key} FOR SHARE;\n"
+            ).format(table=step.table.identifier(), key=sql.Identifier(step.key), reached=reached)
+        )
+    return sql.Composed(out)
+
+
+def compile_via_trigger(spec: CounterSpec, step: int, event: Event) -> CompiledTrigger:
+    """A trigger on table ``step`` of the spec's path (``CounterSpec.via``).
+
+    * INSERT and UPDATE (statement-level, with transition tables): the counted rows under
+      the new rows count through them, those under the old rows no longer do, netted per
+      key: a moved row (an article given to another author) moves all its counted rows in
+      one delta per key; a changed condition on it adds or removes them. An UPDATE by
+      pgcounters' own writers of counter columns is skipped (a path's condition does not
+      read a counter column).
+    * DELETE (``BEFORE ... FOR EACH ROW``): the counted rows under the row no longer count.
+      It runs before the row goes, while the rows under it are still there: when the
+      database deletes them afterwards (``ON DELETE CASCADE``), their own trigger finds no
+      row above them and counts nothing; when the application deleted them first (Django),
+      this finds none. The delta is queued (in direct mode too).
+    * TRUNCATE: nothing counts through the table any more (the counter is reset).
+    """
+    base = event.partition("_")[2]
+    via = spec.via[step - 1]
+    marker = (
+        f"    -- pgcounters spec fingerprint={spec.fingerprint} event={event} name={spec.name}\n"
+    )
+    done = "    RETURN OLD;\n" if base == "delete" else "    RETURN NULL;\n"
+    paused = sql.SQL("    IF pgcounters.is_paused({}) THEN\n    {}    END IF;\n").format(
+        sql.Literal(spec.name), sql.SQL(done)
+    )
+    declare: list[tuple[str, str]] = []
+    if base == "truncate":
+        body: sql.Composable = sql.SQL("    PERFORM pgcounters.reset_target({});\n").format(
+            ensure_target_call(spec)
+        )
+    else:
+        old, new = sql.Identifier(OLD_TABLE), sql.Identifier(NEW_TABLE)
+        if base == "delete":
+            gone = sql.SQL("(SELECT * FROM {} AS pgc_gone WHERE pgc_gone.{} = OLD.{})").format(
+                via.table.identifier(), sql.Identifier(via.key), sql.Identifier(via.key)
+            )
+            relations: list[sql.Composable] = [gone]
+        else:
+            relations = [new] if base == "insert" else [old, new]
+
+        def net(typed: bool) -> sql.Composed:
+            if base == "insert":
+                inner = path_contributions(spec, new, step, typed=typed)
+            elif base == "delete":
+                inner = path_contributions(spec, relations[0], step, typed=typed, negate=True)
+            else:
+                inner = sql.SQL(
+                    "SELECT c.key, sum(c.delta)::bigint AS delta FROM ({} UNION ALL {}) AS c "
+                    "GROUP BY 1"
+                ).format(
+                    path_contributions(spec, old, step, typed=typed, negate=True),
+                    path_contributions(spec, new, step, typed=typed),
+                )
+            return sql.SQL("SELECT d.key, d.delta FROM ({}) AS d WHERE d.delta <> 0").format(inner)
+
+        declare.append(("_pgc_target", "integer"))
+        if base == "delete":
+            queue = "queue_unlogged" if spec.mode == "unlogged" else "queue"
+            apply: sql.Composable = sql.SQL(
+                "INSERT INTO {} (target_id, key, delta)\n"
+                "    SELECT _pgc_target, n.key, n.delta FROM ({}) AS n;\n"
+            ).format(sql.Identifier("pgcounters", queue), net(False))
+        else:
+            extra, apply = _apply(spec, event, net)
+            declare += extra
+        body = (
+            path_locks(spec, step, relations)
+            + sql.SQL("    _pgc_target := {};\n    ").format(ensure_target_call(spec))
+            + apply
+        )
+    if base == "update":
+        # pgcounters' own writes of counter columns (the drain, recount, a direct-mode
+        # trigger) change no link, key or condition of a path: nothing moves
+        paused = paused + sql.SQL(
+            "    IF current_setting({}, true) = 'on' THEN\n        RETURN NULL;\n    END IF;\n"
+        ).format(sql.Literal(APPLYING))
+    text = marker + paused.as_string() + body.as_string() + done
+    return CompiledTrigger(
+        spec.name,
+        event,
+        trigger_name(spec.name, event),
+        tuple(declare),
+        text,
+        table=via.table,
+        row=base == "delete",
+    )

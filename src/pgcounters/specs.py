@@ -174,6 +174,69 @@ class NamedTarget:
 Target: TypeAlias = ColumnTarget | NamedTarget
 KeyExpr: TypeAlias = str | Fragment
 
+MAX_VIA = 3  # tables a path may go through beyond the counted one
+
+
+@dataclass(frozen=True, init=False)
+class Via:
+    """One step of a path from the counted table up to the counter's key.
+
+    The row of the table before it in the path (the counted table for the first step)
+    holds ``link``, a column whose value is this table's ``key`` (a foreign key); a row
+    of the counted table counts only if every step finds its row and each found row
+    satisfies its ``where`` (None: any row). In SQL, each table of a path is named by
+    its own table name (``"blog_article"."published"``).
+
+    Public comments per author, through the articles::
+
+        CounterSpec(
+            name="blog.author.public_comments",
+            source="blog_comment",
+            keys=("author_id",),  # a column of the last table of the path
+            via=(Via("blog_article", link="article_id"),),
+            target=ColumnTarget("blog_author", "public_comments"),
+            where=Fragment("publish_status = %s", ("public",)),
+        )
+    """
+
+    table: Table
+    link: str
+    key: str
+    where: Fragment | None
+
+    def __init__(
+        self,
+        table: Table | str,
+        link: str,
+        key: str = "id",
+        where: Fragment | None = None,
+    ) -> None:
+        object.__setattr__(self, "table", Table.of(table))
+        object.__setattr__(self, "link", check_identifier(link, "link column"))
+        object.__setattr__(self, "key", check_identifier(key, "key column"))
+        if where is not None and not isinstance(where, Fragment):
+            raise InvalidCounterDefinition(f"where is a Fragment or None: {where!r}")
+        object.__setattr__(self, "where", where)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.table.schema,
+            "table": self.table.name,
+            "link": self.link,
+            "key": self.key,
+            "where": None if self.where is None else self.where.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Via:
+        where = data.get("where")
+        return cls(
+            Table(data["table"], data["schema"]),
+            data["link"],
+            data.get("key", "id"),
+            None if where is None else Fragment(where["sql"], tuple(where.get("params", ()))),
+        )
+
 
 @dataclass(frozen=True, init=False)
 class CounterSpec:
@@ -182,7 +245,9 @@ class CounterSpec:
     * ``keys``: columns (or expressions) of the source row that identify the
       counter key: one for a column target (the parent's id, e.g. a foreign
       key), one per key part for a named target, none for a global counter.
-      A row whose key has a NULL part counts nowhere.
+      A row whose key has a NULL part counts nowhere. With ``via``, a key named
+      by a column is a column of the last table of the path; a Fragment may name
+      a column of any table of the path (qualified by its table name).
     * ``where``: the condition a row must satisfy to count (None: every row).
     * ``sum``: a column or expression to add up instead of counting rows.
       NULL values add nothing. It must be of an integer type, unless ``scale``
@@ -192,6 +257,9 @@ class CounterSpec:
       keeps its value as a whole number of ``10^-s`` units and reads as a
       :class:`~decimal.Decimal`; a counter column must be ``numeric`` with the
       same scale. A summed value with more decimal places is refused.
+    * ``via``: a path of :class:`Via` steps from the counted table up to the table
+      holding the key (rows of a grandchild per ancestor, or a many-to-many's other
+      side with a condition on it); ``()``: the key is on the counted row itself.
     * ``mode``: ``queued`` (deltas go to the durable queue; default),
       ``unlogged`` (the unlogged queue) or ``direct`` (applied in the writing
       transaction: read-your-writes, but it locks the counter rows).
@@ -205,6 +273,7 @@ class CounterSpec:
     sum: KeyExpr | None
     mode: Mode
     scale: int | None
+    via: tuple[Via, ...]
     _fingerprint: str = field(repr=False, compare=False)
 
     def __init__(
@@ -217,6 +286,7 @@ class CounterSpec:
         sum: KeyExpr | None = None,
         mode: Mode = "queued",
         scale: int | None = None,
+        via: Sequence[Via] = (),
     ) -> None:
         for attr, value in (
             ("name", name),
@@ -227,6 +297,7 @@ class CounterSpec:
             ("sum", sum),
             ("mode", mode),
             ("scale", scale),
+            ("via", via),
         ):
             object.__setattr__(self, attr, value)
         self._validate()
@@ -285,7 +356,33 @@ class CounterSpec:
                 raise InvalidCounterDefinition(f"a key has at most {MAX_KEY_PARTS} parts")
         else:
             raise InvalidCounterDefinition(f"unknown target {self.target!r}")
+        self._validate_via()
         object.__setattr__(self, "_fingerprint", _digest(self.to_json()))
+
+    def _validate_via(self) -> None:
+        if isinstance(self.via, Via) or not isinstance(self.via, Sequence):
+            raise InvalidCounterDefinition(
+                f"counter {self.name}: via is a sequence of Via steps, got {self.via!r}"
+            )
+        via = tuple(self.via)
+        object.__setattr__(self, "via", via)
+        if not via:
+            return
+        for step in via:
+            if not isinstance(step, Via):
+                raise InvalidCounterDefinition(
+                    f"counter {self.name}: via is a sequence of Via steps, got {step!r}"
+                )
+        if len(via) > MAX_VIA:
+            raise InvalidCounterDefinition(
+                f"counter {self.name}: a path goes through at most {MAX_VIA} tables, got {len(via)}"
+            )
+        names = [self.source.name, *(step.table.name for step in via)]
+        if len(set(names)) != len(names):
+            raise InvalidCounterDefinition(
+                f"counter {self.name}: each table of a path appears once (its name is its "
+                f"alias in SQL), got {' -> '.join(names)}"
+            )
 
     @property
     def key_types(self) -> tuple[KeyType, ...]:
@@ -326,6 +423,8 @@ class CounterSpec:
         }
         if self.scale is not None:  # absent for integer sums: their fingerprints stay
             out["scale"] = self.scale
+        if self.via:  # absent without a path: the fingerprints of other counters stay
+            out["via"] = [step.to_json() for step in self.via]
         return out
 
     @classmethod
@@ -358,6 +457,7 @@ class CounterSpec:
                 sum=expr(data.get("sum")),
                 mode=data.get("mode", "queued"),
                 scale=data.get("scale"),
+                via=tuple(Via.from_json(step) for step in data.get("via", ())),
             )
         except (KeyError, TypeError) as exc:
             raise InvalidCounterDefinition(f"not a counter spec: {exc}") from None

@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from pgcounters import schema
 from pgcounters.compiler import (
+    ALL_VIA_EVENTS,
     EVENTS,
     GUARD_EVENTS,
     MARKER_RE,
@@ -309,7 +310,11 @@ def _refuse_other_deliveries(
     specs: Sequence[CounterSpec], present: Sequence[InstalledTrigger]
 ) -> None:
     wanted = {spec.name for spec in specs}
-    ours = {trigger_name(name, event) for name in wanted for event in EVENTS + GUARD_EVENTS}
+    ours = {
+        trigger_name(name, event)
+        for name in wanted
+        for event in EVENTS + GUARD_EVENTS + ALL_VIA_EVENTS
+    }
     others = sorted(
         (t.spec_name, t.trigger) for t in present if t.spec_name in wanted and t.trigger not in ours
     )
@@ -328,6 +333,11 @@ def _on_source(spec: CounterSpec, t: InstalledTrigger) -> bool:
     table = spec.source
     if t.event in GUARD_EVENTS and isinstance(spec.target, ColumnTarget):
         table = spec.target.table
+    if t.event in ALL_VIA_EVENTS:  # a trigger of a path's table: step N's
+        step = int(t.event[3])
+        if step > len(spec.via):
+            return False
+        table = spec.via[step - 1].table
     return (t.schema, t.table) == (table.schema, table.name)
 
 
@@ -371,7 +381,7 @@ def uninstall(conn: Conn, name: str, *, drop_values: bool = False) -> bool:
                     table=sql.Identifier(schema_name, table),
                 )
             )
-        for event in EVENTS + GUARD_EVENTS:
+        for event in EVENTS + GUARD_EVENTS + ALL_VIA_EVENTS:
             conn.execute(
                 sql.SQL(query("drop_trigger_function")).format(
                     function=sql.Identifier("pgcounters", trigger_name(name, event))
@@ -472,6 +482,9 @@ def drift(conn: Conn, specs: Iterable[CounterSpec] | None = None) -> list[Drift]
         reason = broken_on.get((s.source.schema, s.source.name), {}).get(s.name)
         if reason is None and isinstance(s.target, ColumnTarget):  # the parent table changed
             reason = broken_on.get((s.target.table.schema, s.target.table.name), {}).get(s.name)
+        for step in s.via:  # a table of its path changed
+            if reason is None:
+                reason = broken_on.get((step.table.schema, step.table.name), {}).get(s.name)
         if reason is not None and s.name in by_name:
             by_name.pop(s.name)
             out.append(Drift(s.name, "broken", f"the table changed under it: {reason}"))

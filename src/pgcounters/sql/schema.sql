@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 18
+-- version: 19
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -2025,13 +2025,16 @@ BEGIN
         SELECT sp.name, sp.probe
           FROM pgcounters.specs AS sp
          WHERE sp.probe IS NOT NULL
-           -- its triggers installed on p_table, the table it counts ...
+           -- its triggers installed on p_table, the table it counts or a table of
+           -- its path (event=via1_insert, ...) ...
            AND (EXISTS (
                SELECT 1 FROM pg_catalog.pg_trigger AS t
                  JOIN pg_catalog.pg_proc AS p ON p.oid = t.tgfoid
                 WHERE t.tgrelid = p_table AND NOT t.tgisinternal
-                  AND position(format('-- pgcounters spec fingerprint=%s event=insert name=%s',
-                                      sp.fingerprint, sp.name) IN p.prosrc) > 0)
+                  AND (position(format('-- pgcounters spec fingerprint=%s event=insert name=%s',
+                                       sp.fingerprint, sp.name) IN p.prosrc) > 0
+                       OR p.prosrc ~ format('-- pgcounters spec fingerprint=%s event=via\d_insert ',
+                                            sp.fingerprint)))
            -- ... or installed, and p_table the parent table that holds its column
              OR (EXISTS (
                    SELECT 1 FROM pgcounters.targets AS g

@@ -24,6 +24,10 @@ class PgCountersConfig(AppConfig):
         from pgcounters.contrib.django.pgtrigger_delivery import register
 
         for model, spec in declared_counters():
+            if model._meta.auto_created:
+                # a many-to-many's automatic through model is in no migration: its
+                # counters' triggers are installed after migrate (_record_specs)
+                continue
             register(model, spec)
         post_migrate.connect(_record_specs, sender=self)
         migration_deps.install()
@@ -63,6 +67,7 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
             return  # a partial migrate: the pgcounters schema is not there (or not current) yet
         # counters whose triggers are installed: a partial migrate may not have created
         # the others' tables or columns yet (they are registered by a later migrate)
+        _install_through_counters(conn, using)
         live = {t.spec_name for t in installed(conn)}
         with conn.transaction():
             before = {s.name: s.fingerprint for s in declared(conn)}
@@ -94,3 +99,27 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
             if verbosity >= 1 and any(done.values()):
                 for name, keys in sorted(done.items()):
                     print(f"  Backfilled counter {name}: {keys} keys")
+
+
+def _install_through_counters(conn: Any, using: str) -> None:
+    """Install the triggers of the counters over a many-to-many's automatic through table
+    (no migration holds that model), once their tables exist; idempotent. Their backfill
+    is requested here and runs with the others'."""
+    from django.db import connections
+
+    from pgcounters import triggers
+    from pgcounters.contrib.django.declarations import declared_counters
+
+    tables = set(connections[using].introspection.table_names())
+    chosen = []
+    for model, spec in declared_counters():
+        if not model._meta.auto_created:
+            continue
+        needed = {spec.source.name, *(step.table.name for step in spec.via)}
+        target = getattr(spec.target, "table", None)
+        if target is not None:
+            needed.add(target.name)
+        if needed <= tables:
+            chosen.append(spec)
+    if chosen:
+        triggers.install(conn, chosen, backfill=False)

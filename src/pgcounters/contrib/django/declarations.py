@@ -9,6 +9,17 @@ objects when the app registry is ready:
           public_comments = CountField("comments", filter=Q(publish_status="public"))
           score_total = SumField("comments", "score")
 
+* a counter through a path of relations (``"articles__comments"``: the comments of
+  the author's articles), or through a many-to-many relation (``"tags"``)::
+
+      class Author(models.Model):
+          public_comments = CountField(
+              "articles__comments", filter=Q(public=True, article__published=True)
+          )
+
+      class Tag(models.Model):
+          published_articles = CountField("articles", filter=Q(published=True))
+
 * a named counter in the generic table (global, or keyed by columns)::
 
       register_counter("blog.users.total", User)
@@ -27,7 +38,7 @@ from django.db.models.sql import Query
 from pgcounters.client import Mode
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.keys import Key, KeyType
-from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
+from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table, Via
 from pgcounters.triggers import ReplicaWrites
 
 _KEY_TYPES: dict[str, KeyType] = {
@@ -176,11 +187,24 @@ class CounterColumn(models.Field):  # type: ignore[type-arg]
         # the declaration lives in the triggers; the column is a plain field for migrations
         return name, self.plain_path, args, kwargs
 
+    def counted_model(self) -> type[models.Model]:
+        """The model whose rows the counter counts (a many-to-many's through model)."""
+        path = _relation_path(self)
+        if path is not None:
+            return path.counted
+        rel = self.model._meta.get_field(self.relation or "")
+        source = rel.related_model
+        assert isinstance(source, type)
+        return source
+
     def spec(self) -> CounterSpec:
         """The core spec of this counter column."""
         model = self.model
         if not self.relation:
             raise InvalidCounterDefinition(f"{model.__name__}.{self.name}: name a relation")
+        path = _relation_path(self)
+        if path is not None:
+            return path.spec
         try:
             rel = model._meta.get_field(self.relation)
         except Exception:
@@ -275,6 +299,190 @@ class DecimalSumField(CounterColumn, models.DecimalField):  # type: ignore[type-
         )
         self.counter_sum = field
         self.counter_places = decimal_places
+
+
+@dataclass(frozen=True)
+class _Path:
+    """A counter column through a path of relations or a many-to-many relation."""
+
+    spec: CounterSpec
+    counted: type[models.Model]  # the model whose rows are counted (a through model)
+
+
+def _relation_path(field: CounterColumn) -> _Path | None:
+    """The spec of a counter column whose relation is a path (``"articles__comments"``) or
+    a many-to-many relation; None for one foreign key."""
+    model, relation = field.model, field.relation or ""
+    what = f"{model.__name__}.{field.name}"
+    if "__" not in relation:
+        try:
+            rel = model._meta.get_field(relation)
+        except Exception:
+            return None  # spec() says what is wrong
+        if isinstance(rel, models.ManyToManyField | models.ManyToManyRel):
+            return _many_to_many(field, rel)
+        return None
+    rels: list[models.ManyToOneRel] = []
+    current: type[models.Model] = model
+    for part in relation.split("__"):
+        try:
+            rel = current._meta.get_field(part)
+        except Exception:
+            raise InvalidCounterDefinition(
+                f"{what}: {current.__name__} has no relation {part!r} (in {relation!r})"
+            ) from None
+        if not isinstance(rel, models.ManyToOneRel) or isinstance(rel, models.ManyToManyRel):
+            raise InvalidCounterDefinition(
+                f"{what}: {part!r} in {relation!r} is not the reverse side of a ForeignKey "
+                "(a path goes down foreign keys: parent, child, grandchild)"
+            )
+        rels.append(rel)
+        related = rel.related_model
+        assert isinstance(related, type)
+        current = related
+    fks = [rel.remote_field for rel in rels]
+    counted = current
+    # from the counted table up: each step is the table its foreign key points to
+    via = [
+        Via(_table(fk.related_model), link=_col(fk.column), key=_col(fk.target_field.column))
+        for fk in reversed(fks[1:])
+    ]
+    first = fks[0]
+    links = {
+        _table(fk.related_model).name: (
+            _col(fk.column),
+            _col(fk.target_field.column),
+            _table(fk.model).name,
+        )
+        for fk in fks[1:]
+    }
+    where = None
+    if field.counter_filter is not None:
+        where = _path_fragment(counted, field.counter_filter, links, what)
+    summed, scale = (
+        (None, None)
+        if field.counter_sum is None
+        else _summed_column(counted, field.counter_sum, field.counter_places)
+    )
+    if not (field.column and first.column):  # pragma: no cover - concrete fields
+        raise InvalidCounterDefinition(f"{what} has no column")
+    spec = CounterSpec(
+        name=f"{model._meta.app_label}.{model._meta.model_name}.{field.name}",
+        source=_table(counted),
+        keys=(first.column,),
+        via=via,
+        target=ColumnTarget(
+            _table(model), field.column, first.target_field.column, key_type_of(first)
+        ),
+        where=where,
+        sum=summed,
+        mode=field.counter_mode,
+        scale=scale,
+    )
+    return _Path(spec, counted)
+
+
+def _many_to_many(
+    field: CounterColumn, rel: models.ManyToManyField[Any, Any] | models.ManyToManyRel
+) -> _Path:
+    """The rows of the through table per row of ``field.model``; with a filter (or a sum),
+    through the other side's table, the filter being on the other side's fields."""
+    model = field.model
+    what = f"{model.__name__}.{field.name}"
+    forward = rel if isinstance(rel, models.ManyToManyField) else rel.field
+    assert isinstance(forward, models.ManyToManyField)
+    through = forward.remote_field.through
+    assert isinstance(through, type)
+    if forward.remote_field.model in (forward.model, "self"):
+        raise InvalidCounterDefinition(
+            f"{what}: a many-to-many relation of a model with itself cannot be counted "
+            "(both sides are the same table)"
+        )
+    # the through table's foreign keys to this model and to the other side
+    names = (forward.m2m_field_name(), forward.m2m_reverse_field_name())
+    mine, theirs = names if isinstance(rel, models.ManyToManyField) else names[::-1]
+    own_fk = through._meta.get_field(mine)
+    other_fk = through._meta.get_field(theirs)
+    assert isinstance(own_fk, models.ForeignKey)
+    assert isinstance(other_fk, models.ForeignKey)
+    other = other_fk.related_model
+    assert isinstance(other, type)
+    from django.db import connections as dbs
+
+    quote = dbs["default"].ops.quote_name
+    where = None
+    if field.counter_filter is not None:
+        where = q_to_fragment(other, field.counter_filter)
+    summed: Fragment | None = None
+    scale: int | None = None
+    if field.counter_sum is not None:
+        column, scale = _summed_column(other, field.counter_sum, field.counter_places)
+        summed = Fragment(f"{quote(_table(other).name)}.{quote(column)}")
+    through_table = _table(through)
+    if not (field.column and own_fk.column and other_fk.column):  # pragma: no cover
+        raise InvalidCounterDefinition(f"{what} has no column")
+    keys: tuple[str | Fragment, ...] = (own_fk.column,)
+    via: tuple[Via, ...] = ()
+    if where is not None or summed is not None:
+        keys = (Fragment(f"{quote(through_table.name)}.{quote(own_fk.column)}"),)
+        via = (Via(_table(other), link=other_fk.column, key=_col(other_fk.target_field.column)),)
+    spec = CounterSpec(
+        name=f"{model._meta.app_label}.{model._meta.model_name}.{field.name}",
+        source=through_table,
+        keys=keys,
+        via=via,
+        target=ColumnTarget(
+            _table(model), field.column, _col(own_fk.target_field.column), key_type_of(own_fk)
+        ),
+        where=where,
+        sum=summed,
+        mode=field.counter_mode,
+        scale=scale,
+    )
+    return _Path(spec, through)
+
+
+def _col(column: str | None) -> str:
+    if not isinstance(column, str):  # pragma: no cover - concrete fields have columns
+        raise InvalidCounterDefinition("a field of the path has no column")
+    return column
+
+
+def _path_fragment(
+    model: type[models.Model],
+    q: models.Q,
+    links: dict[str, tuple[str, str, str]],
+    what: str,
+) -> Fragment:
+    """Compile a Q over the counted model whose lookups may go up the path
+    (``article__published``) into an SQL fragment over the path's tables."""
+    query = Query(model)
+    try:
+        query.add_q(q)
+        compiler = query.get_compiler(connection=connections["default"])
+        text, params = query.where.as_sql(compiler, compiler.connection)
+    except Exception as exc:
+        raise InvalidCounterDefinition(
+            f"{what}: the filter {q!r} on {model.__name__} cannot be compiled: {exc}"
+        ) from None
+    base = model._meta.db_table
+    for alias, join in query.alias_map.items():
+        if alias == base:
+            continue
+        # a table of the path, reached by the path's own foreign key
+        link = links.get(alias)
+        cols = getattr(join, "join_cols", ())
+        if (
+            getattr(join, "table_name", None) != alias
+            or link is None
+            or getattr(join, "parent_alias", None) != link[2]
+            or tuple(cols) != ((link[0], link[1]),)
+        ):
+            raise InvalidCounterDefinition(
+                f"{what}: the filter {q!r} may use the fields of {model.__name__} and of the "
+                "rows above it on the path (through the path's foreign keys), nothing else"
+            )
+    return Fragment(text, tuple(params))
 
 
 def _replica_writes(value: object) -> ReplicaWrites:
@@ -448,10 +656,7 @@ def declared_counters() -> list[tuple[type[models.Model], CounterSpec]]:
         for field in model._meta.get_fields():
             if isinstance(field, CounterColumn):
                 spec = field.spec()
-                rel = model._meta.get_field(field.relation or "")
-                source = rel.related_model
-                assert isinstance(source, type)
-                out.append((source, spec))
+                out.append((field.counted_model(), spec))
     for counter in _named.values():
         out.append((counter.model, counter.spec()))
     return out

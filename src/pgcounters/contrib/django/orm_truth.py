@@ -16,6 +16,7 @@ writes going on meanwhile do not show as drift. ``manage.py pgcounters verify
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -47,9 +48,12 @@ class _Declared:
     parent_key: str = ""  # ... the field the foreign key points to ...
     column: str = ""  # ... and the counter field
     scale: int | None = None  # an exact sum of decimals: its values in units of 10^-scale
+    relation: str = ""  # a path or a many-to-many: counted from the parent model
 
     def truth(self, using: str) -> dict[Key, Number]:
         """The ORM's own count (or sum) per key of the source rows."""
+        if self.relation:
+            return self._related_truth(using)
         rows = self.source._default_manager.using(using).all()
         if self.filter is not None:
             rows = rows.filter(self.filter)
@@ -61,6 +65,38 @@ class _Declared:
             rows = rows.exclude(**{f"{key}__isnull": True})
         grouped = rows.order_by().values(*self.keys).annotate(truth=aggregate)
         return {tuple(row[k] for k in self.keys): _number(row["truth"]) for row in grouped}
+
+    def _related_truth(self, using: str) -> dict[Key, Number]:
+        """``Parent.objects.annotate(Count("articles__comments", filter=Q(...)))``, the
+        filter's lookups taken from the parent (``articles__comments__public``)."""
+        assert self.parent is not None
+        q = None if self.filter is None else _prefixed(self.filter, self.relation)
+        aggregate = (
+            Count(self.relation, filter=q)
+            if self.sum is None
+            else Sum(f"{self.relation}__{self.sum}", filter=q)
+        )
+        rows = (
+            self.parent._default_manager.using(using)
+            .order_by()
+            .annotate(truth=aggregate)
+            .values_list(self.parent_key, "truth")
+        )
+        return {(key,): _number(value) for key, value in rows}
+
+
+def _prefixed(q: models.Q, prefix: str) -> models.Q:
+    """The Q with each lookup seen from the parent (``articles__comments__public``)."""
+    out = copy.copy(q)
+    children: list[Any] = []
+    for child in q.children:
+        if isinstance(child, models.Q):
+            children.append(_prefixed(child, prefix))
+        else:
+            lookup, value = child  # type: ignore[misc]
+            children.append((f"{prefix}__{lookup}", value))
+    out.children = children
+    return out
 
 
 Number = int | Decimal
@@ -77,6 +113,29 @@ def _column_counters() -> Iterable[_Declared]:
     for model in apps.get_models():
         for field in model._meta.get_fields():
             if not isinstance(field, CounterColumn):
+                continue
+            if "__" in (field.relation or "") or isinstance(
+                model._meta.get_field(field.relation or ""),
+                models.ManyToManyField | models.ManyToManyRel,
+            ):
+                spec = field.spec()
+                yield _Declared(
+                    name=spec.name,
+                    source=field.counted_model(),
+                    keys=(),
+                    key_types=spec.key_types,
+                    filter=field.counter_filter,
+                    sum=field.counter_sum,
+                    parent=model,
+                    parent_key=next(
+                        f.attname
+                        for f in model._meta.concrete_fields
+                        if f.column == spec.target.key_column  # type: ignore[union-attr]
+                    ),
+                    column=field.attname,
+                    scale=spec.scale,
+                    relation=field.relation or "",
+                )
                 continue
             rel = model._meta.get_field(field.relation or "")
             assert isinstance(rel, models.ManyToOneRel)

@@ -41,11 +41,11 @@ class CounterTrigger(pgtrigger.Trigger):
         elif compiled.event == "guard_insert":
             operation = pgtrigger.Insert
         else:
-            operation = _OPERATIONS[compiled.event]
+            operation = _OPERATIONS[compiled.base_event]
         super().__init__(
             name=compiled.name,
-            level=pgtrigger.Row if compiled.is_guard else pgtrigger.Statement,
-            when=pgtrigger.Before if compiled.is_guard else pgtrigger.After,
+            level=pgtrigger.Row if compiled.is_row else pgtrigger.Statement,
+            when=pgtrigger.Before if compiled.is_row else pgtrigger.After,
             operation=operation,
             referencing=referencing,
             condition=pgtrigger.Condition(compiled.condition) if compiled.condition else None,
