@@ -18,3 +18,15 @@ SELECT c.noted,
 -- name: notify_changes
 -- one notification for listeners in other processes
 SELECT pg_catalog.pg_notify(%(channel)s, %(payload)s);
+
+-- name: listen_direct_changes
+-- register this session as a reporting worker: direct-mode counters note their changes
+SELECT pgcounters.listen_direct_changes();
+
+-- name: unlisten_direct_changes
+-- unregister this session (the notes nobody will report are dropped with the last one)
+SELECT pgcounters.unlisten_direct_changes();
+
+-- name: take_direct_changes
+-- take committed changes of direct-mode counters: counter name, key parts, key types
+SELECT name, key, key_types FROM pgcounters.take_direct_changes(%(limit)s);
