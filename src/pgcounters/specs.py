@@ -404,9 +404,9 @@ def generic_relation(
     ``content_type_column`` holds the id of that content type, looked up by name in
     ``content_type_table`` by the statement that counts (ids differ between databases;
     none is compiled in). The key is the row's ``object_id_column``; a text object id
-    (``object_id_is_text``) keys a ``bigint`` or ``uuid`` target only when it is the
-    canonical text of one (what ``str()`` of the id writes, as the ORM compares it): any
-    other text counts nowhere and never stops a write.
+    (``object_id_is_text``) keys a ``bigint`` or ``uuid`` target as the ORM's join casts
+    it (``'7'``, ``' 7'`` and ``'007'`` are 7); a text that does not cast counts nowhere
+    and never stops a write.
 
     ``target`` is a :class:`ColumnTarget` on the model's table (its key column the
     primary key), or a :class:`NamedTarget` with one key type.
@@ -433,9 +433,11 @@ def generic_relation(
         check_identifier(value, what)
     ct = Table.of(content_type_table)
     column = _fragment_text(pgsql.Identifier(source_table.name, content_type_column))
+    # the content type's id, looked up by name by each statement (an InitPlan: once)
     lookup = Fragment(
-        f"{column} = (SELECT ct.id FROM {_fragment_text(ct.identifier())} AS ct"
-        " WHERE ct.app_label = %s AND ct.model = %s)",
+        pgsql.SQL("{} = (SELECT ct.id FROM {} AS ct WHERE ct.app_label = %s AND ct.model = %s)")
+        .format(pgsql.SQL(column), pgsql.SQL(_fragment_text(ct.identifier())))
+        .as_string(),
         content_type,
     )
     if where is not None:

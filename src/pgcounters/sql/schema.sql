@@ -3269,7 +3269,8 @@ CREATE FUNCTION pgcounters._grant_app_generic(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._for_role(p_role, ARRAY[
         'GRANT EXECUTE ON FUNCTION pgcounters.note_direct(integer, anyarray),'
-            ' pgcounters.object_id_bigint(text), pgcounters.object_id_uuid(text) TO %I'])
+            ' pgcounters.object_id_bigint(text), pgcounters.object_id_uuid(text),'
+            ' pgcounters._cast_or_null(text, regtype) TO %I'])
 $$;
 
 CREATE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
@@ -3282,17 +3283,28 @@ $$;
 -- Counters over generic relations, and change reports of direct-mode counters
 -- (version 20): see migrations/0020_generic_relations.sql.
 
+CREATE FUNCTION pgcounters._cast_or_null(p_value text, p_type regtype) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    -- the cast an ORM's join makes (object_id::bigint = id), NULL where it would fail
+    EXECUTE format('SELECT $1::%s::text', p_type) INTO STRICT p_value USING p_value;
+    RETURN p_value;
+EXCEPTION WHEN data_exception THEN
+    RETURN NULL;
+END;
+$$;
+
 CREATE FUNCTION pgcounters.object_id_bigint(p_value text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN p_value ~ '^(0|-?[1-9][0-9]{0,18})$'
-                 AND p_value::numeric BETWEEN -9223372036854775808 AND 9223372036854775807
-                THEN p_value::bigint END
+    SELECT CASE WHEN p_value ~ '^\s*[+-]?[0-9]{1,18}\s*$' THEN p_value::bigint
+                ELSE pgcounters._cast_or_null(p_value, 'bigint')::bigint END
 $$;
 
 CREATE FUNCTION pgcounters.object_id_uuid(p_value text) RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN p_value ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-                THEN p_value::uuid END
+                THEN p_value::uuid
+                ELSE pgcounters._cast_or_null(p_value, 'uuid')::uuid END
 $$;
 
 -- The sessions of the workers that report changes (their backend pid): direct-mode

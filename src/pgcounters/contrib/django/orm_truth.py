@@ -20,13 +20,19 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, models, transaction
 from django.db.models import Count, Sum
 
 from pgcounters.client import value_of
-from pgcounters.contrib.django.declarations import CounterColumn, NamedCounter, _named, key_type_of
+from pgcounters.contrib.django.declarations import (
+    CounterColumn,
+    NamedCounter,
+    _generic_relation,
+    _named,
+    key_type_of,
+)
 from pgcounters.errors import InvalidKey, UnknownCounter
 from pgcounters.keys import Key, KeyType, decode_key
 from pgcounters.repair import Mismatch, VerifyResult
@@ -47,9 +53,12 @@ class _Declared:
     parent_key: str = ""  # ... the field the foreign key points to ...
     column: str = ""  # ... and the counter field
     scale: int | None = None  # an exact sum of decimals: its values in units of 10^-scale
+    relation: str = ""  # a generic relation's counter column: counted through the relation
 
     def truth(self, using: str) -> dict[Key, Number]:
         """The ORM's own count (or sum) per key of the source rows."""
+        if self.relation:
+            return self._through_relation(using)
         rows = self.source._default_manager.using(using).all()
         if self.filter is not None:
             rows = rows.filter(self.filter)
@@ -61,6 +70,34 @@ class _Declared:
             rows = rows.exclude(**{f"{key}__isnull": True})
         grouped = rows.order_by().values(*self.keys).annotate(truth=aggregate)
         return {tuple(row[k] for k in self.keys): _number(row["truth"]) for row in grouped}
+
+    def _through_relation(self, using: str) -> dict[Key, Number]:
+        """Per parent, its related rows as the ORM joins them (``annotate(Count(relation,
+        filter=...))``): a generic relation's content type and object id."""
+        assert self.parent is not None
+        condition = None if self.filter is None else _prefixed(self.filter, self.relation)
+        aggregate = (
+            Count(self.relation, filter=condition)
+            if self.sum is None
+            else Sum(f"{self.relation}__{self.sum}", filter=condition)
+        )
+        rows = self.parent._default_manager.using(using).annotate(truth=aggregate)
+        return {(pk,): _number(v) for pk, v in rows.values_list(self.parent_key, "truth")}
+
+
+def _prefixed(q: models.Q, relation: str) -> models.Q:
+    """``q`` over the related model's fields, as lookups through ``relation``."""
+    out = models.Q()
+    out.connector, out.negated = q.connector, q.negated
+    children: list[Any] = []
+    for child in q.children:
+        if isinstance(child, models.Q):
+            children.append(_prefixed(child, relation))
+        else:
+            lookup, value = cast(tuple[str, Any], child)
+            children.append((f"{relation}__{lookup}", value))
+    out.children = children
+    return out
 
 
 Number = int | Decimal
@@ -79,6 +116,26 @@ def _column_counters() -> Iterable[_Declared]:
             if not isinstance(field, CounterColumn):
                 continue
             rel = model._meta.get_field(field.relation or "")
+            if _generic_relation(rel) is not None:
+                spec = field.spec()
+                source = rel.related_model
+                assert isinstance(source, type)
+                pk = model._meta.pk
+                assert pk is not None
+                yield _Declared(
+                    name=spec.name,
+                    source=source,
+                    keys=(),
+                    key_types=(key_type_of(pk),),
+                    filter=field.counter_filter,
+                    sum=field.counter_sum,
+                    parent=model,
+                    parent_key=pk.attname,
+                    column=field.attname,
+                    scale=spec.scale,
+                    relation=field.relation or "",
+                )
+                continue
             assert isinstance(rel, models.ManyToOneRel)
             source = rel.related_model
             assert isinstance(source, type)

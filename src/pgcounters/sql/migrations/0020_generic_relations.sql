@@ -2,9 +2,9 @@
 --
 -- * pgcounters.object_id_bigint(text) and pgcounters.object_id_uuid(text): the id a
 --   text "object id" column holds (a generic relation's, e.g. Django's
---   GenericForeignKey), when it is the canonical text of one (what str() of the id
---   writes), else NULL: a row whose object id is not such a text counts nowhere, and
---   never stops the statement that writes it.
+--   GenericForeignKey), as the cast an ORM's join makes reads it ('7', ' 7' and '007'
+--   are 7), NULL where that cast fails: such a row counts nowhere, and never stops the
+--   statement that writes it.
 -- * Change reports of direct-mode counters: a direct counter changes in the writing
 --   transaction, not in a drain batch. While a reporting worker is registered in
 --   pgcounters.change_listeners, add_direct (named counters) and the direct triggers
@@ -14,17 +14,28 @@
 --   takes them with take_direct_changes and reports them as it reports drain batches.
 --   Without a registered listener nothing is written.
 
+CREATE FUNCTION pgcounters._cast_or_null(p_value text, p_type regtype) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    -- the cast an ORM's join makes (object_id::bigint = id), NULL where it would fail
+    EXECUTE format('SELECT $1::%s::text', p_type) INTO STRICT p_value USING p_value;
+    RETURN p_value;
+EXCEPTION WHEN data_exception THEN
+    RETURN NULL;
+END;
+$$;
+
 CREATE FUNCTION pgcounters.object_id_bigint(p_value text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN p_value ~ '^(0|-?[1-9][0-9]{0,18})$'
-                 AND p_value::numeric BETWEEN -9223372036854775808 AND 9223372036854775807
-                THEN p_value::bigint END
+    SELECT CASE WHEN p_value ~ '^\s*[+-]?[0-9]{1,18}\s*$' THEN p_value::bigint
+                ELSE pgcounters._cast_or_null(p_value, 'bigint')::bigint END
 $$;
 
 CREATE FUNCTION pgcounters.object_id_uuid(p_value text) RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN p_value ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-                THEN p_value::uuid END
+                THEN p_value::uuid
+                ELSE pgcounters._cast_or_null(p_value, 'uuid')::uuid END
 $$;
 
 -- The sessions of the workers that report changes (their backend pid): direct-mode
@@ -133,7 +144,8 @@ CREATE FUNCTION pgcounters._grant_app_generic(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._for_role(p_role, ARRAY[
         'GRANT EXECUTE ON FUNCTION pgcounters.note_direct(integer, anyarray),'
-            ' pgcounters.object_id_bigint(text), pgcounters.object_id_uuid(text) TO %I'])
+            ' pgcounters.object_id_bigint(text), pgcounters.object_id_uuid(text),'
+            ' pgcounters._cast_or_null(text, regtype) TO %I'])
 $$;
 
 CREATE OR REPLACE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
@@ -250,4 +262,4 @@ REVOKE EXECUTE ON FUNCTION pgcounters.listen_direct_changes(),
     pgcounters.unlisten_direct_changes(), pgcounters.take_direct_changes(integer),
     pgcounters._grant_worker_direct_changes(text), pgcounters._grant_app_generic(text),
     pgcounters.note_direct(integer, anyarray), pgcounters.object_id_bigint(text),
-    pgcounters.object_id_uuid(text) FROM PUBLIC;
+    pgcounters.object_id_uuid(text), pgcounters._cast_or_null(text, regtype) FROM PUBLIC;
