@@ -4,14 +4,16 @@ listeners as the drain's (the worker's callback, NOTIFY)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
 import pytest
+from psycopg import sql
 
-from pgcounters import Counters, triggers
+from pgcounters import Counters, security, triggers
 from pgcounters.connection import Conn
 from pgcounters.notifications import (
     CHANNEL,
@@ -24,6 +26,7 @@ from pgcounters.notifications import (
 )
 from pgcounters.specs import ColumnTarget, CounterSpec, NamedTarget
 from pgcounters.worker import Worker, WorkerSettings
+from roles import login_role
 from support import wait_for
 
 FAST = WorkerSettings(min_interval=0.01, max_interval=0.05, log_every=0)
@@ -233,3 +236,33 @@ def test_a_worker_without_listeners_does_not_register(dsn: str, blog: Conn) -> N
         wait_for(lambda: worker.get_stats().rounds > 2)
         assert _listeners(blog) == 0
     assert errors == []
+
+
+def test_a_granted_worker_role_reports_and_one_without_the_right_still_drains(
+    dsn: str, conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
+) -> None:
+    pc.create_counter("views", int)
+    pc.create_counter("likes", int, mode="direct")
+    with login_role(dsn, "pgc_worker") as (role, role_dsn):
+        security.grant_worker(conn, role)
+        calls: list[Changes] = []
+        worker = Worker(role_dsn, FAST, on_change=calls.append)
+        with running(worker) as errors:
+            wait_for(lambda: _listeners(conn) == 1)
+            conn.execute("SELECT pgcounters.incr('likes', ARRAY['1'], 1)")
+            wait_for(lambda: _merged(calls).get("likes") == {(1,)})
+        assert errors == []
+        # a role granted before these functions existed: the drain's changes only
+        conn.execute(
+            sql.SQL("REVOKE EXECUTE ON FUNCTION pgcounters.listen_direct_changes() FROM {}").format(
+                sql.Identifier(role)
+            )
+        )
+        calls.clear()
+        worker = Worker(role_dsn, FAST, on_change=calls.append)
+        with caplog.at_level(logging.WARNING, "pgcounters.worker"), running(worker) as errors:
+            pc.incr("views", 5)
+            wait_for(lambda: _merged(calls).get("views") == {(5,)})
+        assert errors == []
+        assert "changes of direct-mode counters are not reported" in caplog.text
+        assert _listeners(conn) == 0

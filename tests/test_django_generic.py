@@ -223,3 +223,5 @@ def test_random_writes_match_the_orms_count(worker: Conn, ops: list[tuple[str, i
         else:
             Counters(worker).drain(batch_size=b + 1)
     truth.assert_exact(worker, truths())
+    Counters(worker).drain()
+    truth.assert_stored(worker, truths())

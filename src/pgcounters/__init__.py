@@ -68,7 +68,14 @@ from pgcounters.estimates import estimate_query, estimate_table
 from pgcounters.quotas import AsyncQuotas, CallResult, Quota, QuotaLimit, Quotas
 from pgcounters.repair import RecountResult, VerifyResult, recount, verify
 from pgcounters.schema import install, upgrade
-from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
+from pgcounters.specs import (
+    ColumnTarget,
+    CounterSpec,
+    Fragment,
+    NamedTarget,
+    Table,
+    generic_relation,
+)
 
 if TYPE_CHECKING:
     from pgcounters import notifications, status
@@ -109,6 +116,7 @@ __all__ = [  # noqa: RUF022
     "RecountResult",
     "Table",
     "VerifyResult",
+    "generic_relation",
     "recount",
     "triggers",
     "verify",

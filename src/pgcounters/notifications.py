@@ -75,14 +75,25 @@ def decode_noted(row: Any) -> Changes:
     if row is None:
         return {}
     noted: list[tuple[str, list[str]]] = json.loads(row[0])
+    if not noted:
+        return {}
     types: dict[str, list[KeyType]] = row[1] or {}
-    decoders: dict[str, Callable[[list[str]], Key]] = {}
-    changes: Changes = {}
+    # the parts of each counter's keys first, then one decoding pass per counter
+    by_counter: dict[str, list[list[str]]] = {}
     for counter, parts in noted:
-        decode = decoders.get(counter)
-        if decode is None:
-            decode = decoders[counter] = _decoder(types.get(counter))
-        changes.setdefault(counter, set()).add(decode(parts))
+        found = by_counter.get(counter)
+        if found is None:
+            by_counter[counter] = [parts]
+        else:
+            found.append(parts)
+    changes: Changes = {}
+    for counter, keys in by_counter.items():
+        key_types = types.get(counter)
+        if key_types == ["bigint"]:
+            changes[counter] = {(int(parts[0]),) for parts in keys}
+        else:
+            decode = _decoder(key_types)
+            changes[counter] = {decode(parts) for parts in keys}
     return changes
 
 

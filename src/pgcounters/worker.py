@@ -209,6 +209,8 @@ class Worker:
         )
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        # changes of direct-mode counters too (off when the role may not take them)
+        self._report_direct = True
         self._stats = WorkerStats(batch_size=self.settings.batch_size)
         self._batch_size = self.settings.batch_size
         self._backfills = True  # off once the role turns out unable to run them
@@ -338,9 +340,17 @@ class Worker:
             },
         )
         schema.check(conn)
-        if self._notifier.active:
+        if self._notifier.active and self._report_direct:
             # direct-mode counters note their changes while a reporting worker is registered
-            notifications.listen_direct(conn)
+            try:
+                notifications.listen_direct(conn)
+            except pg.InsufficientPrivilege as exc:
+                self._report_direct = False
+                logger.warning(
+                    "changes of direct-mode counters are not reported: %s "
+                    "(`pgcounters grant --worker ROLE` gives the right)",
+                    str(exc).strip(),
+                )
         self._listening = False
         if s.listen:
             conn.execute(_ops("listen"))
@@ -458,7 +468,7 @@ class Worker:
             got += batch_got
             full = full or batch_full
             busy = busy or batch_busy
-        if self._notifier.active and not self._stop.is_set():
+        if self._notifier.active and self._report_direct and not self._stop.is_set():
             # what direct-mode counters changed in transactions committed since
             direct = notifications.take_direct(conn, self._batch_size)
             if direct:
@@ -530,13 +540,14 @@ class Worker:
         and send the changes the rate limit held back."""
         if not self._notifier.active or conn.closed or conn.broken:
             return
-        try:
-            direct = notifications.take_direct(conn, self._batch_size)
-            if direct:
-                self._notifier.committed(conn, direct)
-            notifications.unlisten_direct(conn)
-        except psycopg.Error as exc:
-            logger.warning("could not report the last direct-mode changes: %s", exc)
+        if self._report_direct:
+            try:
+                direct = notifications.take_direct(conn, self._batch_size)
+                if direct:
+                    self._notifier.committed(conn, direct)
+                notifications.unlisten_direct(conn)
+            except psycopg.Error as exc:
+                logger.warning("could not report the last direct-mode changes: %s", exc)
         if not self._notifier.notify:
             return
         try:
