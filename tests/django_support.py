@@ -126,6 +126,7 @@ def orm_truths() -> list[truth.Truth]:
                 .values_list("state", "n")
             },
         ),
+        *generic_truths(),
     ]
 
 
@@ -165,6 +166,38 @@ def press_truths() -> list[truth.Truth]:
             Count("labels", filter=Q(labels__active=True)),
         ),
     ]
+
+
+def generic_truths() -> list[truth.Truth]:
+    """The counters over generic relations of the attached test app."""
+    from attached.models import Note, Photo
+    from attached.models import Post as AttachedPost
+
+    out = [
+        _column(f"attached.post.{name}", AttachedPost, name, aggregate)
+        for name, aggregate in (
+            ("notes_count", Count("notes")),
+            ("public_notes", Count("notes", filter=Q(notes__public=True))),
+            ("notes_unlogged", Count("notes")),
+            ("notes_direct", Count("notes")),
+            ("score_total", Sum("notes__score")),
+            ("votes_count", Count("votes")),
+        )
+    ]
+    out.append(_column("attached.photo.notes_count", Photo, "notes_count", Count("notes")))
+    out.append(
+        truth.from_rows(
+            "attached.notes_per_object",
+            lambda conn: {
+                (ct, object_id): n
+                for ct, object_id, n in Note.objects.order_by()
+                .values("content_type", "object_id")
+                .annotate(n=Count("pk"))
+                .values_list("content_type", "object_id", "n")
+            },
+        )
+    )
+    return out
 
 
 def assert_exact(*, stored: bool = False) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from blog.models import Notification, User
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
 
@@ -134,3 +134,37 @@ def test_manage_py_pgcounters_worker_sends_the_signal() -> None:
         stopper.join()
     assert failures == []
     assert _merged(got)[UNREAD] == {(user.pk,)}
+
+
+def test_direct_mode_changes_are_signalled_after_their_transaction_commits() -> None:
+    from attached.models import Note, Photo
+
+    def listeners() -> int:
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pgcounters.change_listeners")
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    photo, other = Photo.objects.create(), Photo.objects.create()
+    with receiving() as got:
+        w = worker(settings=FAST)
+        with running(w):
+            wait_for(lambda: listeners() == 1)
+            with transaction.atomic():
+                Note.objects.bulk_create([Note(target=photo) for _ in range(20)])
+            with pytest.raises(Boom):
+                _rolled_back_note(other)
+            wait_for(lambda: "attached.photo.notes_count" in _merged(got))
+    changes = _merged(got)
+    # the direct column reports the photo; the rolled-back note's photo is never reported
+    assert changes["attached.photo.notes_count"] == {(photo.pk,)}
+    photo.refresh_from_db()
+    assert photo.notes_count == 20
+
+
+def _rolled_back_note(photo: Any) -> None:
+    from attached.models import Note
+
+    with transaction.atomic():
+        Note.objects.create(target=photo)
+        raise Boom

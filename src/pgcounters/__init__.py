@@ -68,7 +68,15 @@ from pgcounters.estimates import estimate_query, estimate_table
 from pgcounters.quotas import AsyncQuotas, CallResult, Quota, QuotaLimit, Quotas
 from pgcounters.repair import RecountResult, VerifyResult, recount, verify
 from pgcounters.schema import install, upgrade
-from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table, Via
+from pgcounters.specs import (
+    ColumnTarget,
+    CounterSpec,
+    Fragment,
+    NamedTarget,
+    Table,
+    Via,
+    generic_relation,
+)
 
 if TYPE_CHECKING:
     from pgcounters import notifications, status
@@ -110,6 +118,7 @@ __all__ = [  # noqa: RUF022
     "Table",
     "Via",
     "VerifyResult",
+    "generic_relation",
     "recount",
     "triggers",
     "verify",

@@ -536,6 +536,8 @@ def _apply(
         "              FROM unnest(_pgc_keys, _pgc_deltas) AS u(key, delta)\n"
         "             WHERE u.key NOT IN (SELECT a.key FROM applied AS a);\n"
         "        PERFORM set_config({applying}, '', true);\n"
+        "        -- reported after the commit by a worker that reports changes\n"
+        "        PERFORM pgcounters.note_direct(_pgc_target, _pgc_keys);\n"
         "    END IF;\n"
     ).format(
         net=net(True),

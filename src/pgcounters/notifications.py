@@ -21,6 +21,13 @@ Delivery is at least once while the worker runs: a key may be reported by more
 than one batch, and a batch that is retried after an abort reports nothing until
 it commits. A worker stopped between a commit and its report (a crash) does not
 report that batch.
+
+Counters in ``direct`` mode change inside the writing transaction, with no drain
+batch. While a reporting worker runs it is registered (:func:`listen_direct`), and
+the writing statements note the keys they change (one row per statement and
+counter, in ``pgcounters.direct_changes``), visible once their transaction commits
+and never for one that rolls back. Each round the worker takes what committed
+(:func:`take_direct`) and reports it to the same listeners, the same way.
 """
 
 from __future__ import annotations
@@ -68,14 +75,25 @@ def decode_noted(row: Any) -> Changes:
     if row is None:
         return {}
     noted: list[tuple[str, list[str]]] = json.loads(row[0])
+    if not noted:
+        return {}
     types: dict[str, list[KeyType]] = row[1] or {}
-    decoders: dict[str, Callable[[list[str]], Key]] = {}
-    changes: Changes = {}
+    # the parts of each counter's keys first, then one decoding pass per counter
+    by_counter: dict[str, list[list[str]]] = {}
     for counter, parts in noted:
-        decode = decoders.get(counter)
-        if decode is None:
-            decode = decoders[counter] = _decoder(types.get(counter))
-        changes.setdefault(counter, set()).add(decode(parts))
+        found = by_counter.get(counter)
+        if found is None:
+            by_counter[counter] = [parts]
+        else:
+            found.append(parts)
+    changes: Changes = {}
+    for counter, keys in by_counter.items():
+        key_types = types.get(counter)
+        if key_types == ["bigint"]:
+            changes[counter] = {(int(parts[0]),) for parts in keys}
+        else:
+            decode = _decoder(key_types)
+            changes[counter] = {decode(parts) for parts in keys}
     return changes
 
 
@@ -195,3 +213,33 @@ class Notifier:
         self._last_sent = now
         self.notifications += 1
         return True
+
+
+def listen_direct(conn: Conn) -> int:
+    """Register the session as a reporting worker: from now on, direct-mode counters
+    note the keys their writing statements change. Returns the workers registered."""
+    row = conn.execute(_sql("listen_direct_changes")).fetchone()
+    return int(row[0]) if row else 0
+
+
+def unlisten_direct(conn: Conn) -> int:
+    """Unregister the session; the last one to go drops the notes nobody will report.
+    Returns the workers still registered."""
+    row = conn.execute(_sql("unlisten_direct_changes")).fetchone()
+    return int(row[0]) if row else 0
+
+
+def take_direct(conn: Conn, limit: int = 1000) -> Changes:
+    """Take (delete) at most ``limit`` noted statements of direct-mode counters whose
+    transactions committed, and return their changes (counter name -> keys). The taking
+    commits with the caller's transaction (at once on an autocommit connection): report
+    the changes after it."""
+    rows = conn.execute(_sql("take_direct_changes"), {"limit": limit}).fetchall()
+    decoders: dict[str, Callable[[list[str]], Key]] = {}
+    changes: Changes = {}
+    for counter, parts, key_types in rows:
+        decode = decoders.get(counter)
+        if decode is None:
+            decode = decoders[counter] = _decoder(list(key_types))
+        changes.setdefault(counter, set()).add(decode(list(parts)))
+    return changes

@@ -466,3 +466,103 @@ class CounterSpec:
 def _digest(data: dict[str, Any]) -> str:
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- generic relations -------------------------------------------------------
+
+CONTENT_TYPE_TABLE = Table("django_content_type")
+"""Where Django keeps its content types (``app_label``, ``model`` -> ``id``)."""
+
+# what turns a text object id into the parent's key: its canonical text only
+_OBJECT_ID_KEYS: dict[str, str] = {
+    "bigint": "pgcounters.object_id_bigint({})",
+    "uuid": "pgcounters.object_id_uuid({})",
+    "text": "{}",
+}
+
+
+def generic_relation(
+    name: str,
+    source: Table | str,
+    target: Target,
+    *,
+    content_type: tuple[str, str],
+    content_type_column: str = "content_type_id",
+    object_id_column: str = "object_id",
+    object_id_is_text: bool = False,
+    content_type_table: Table | str = CONTENT_TYPE_TABLE,
+    where: Fragment | None = None,
+    sum: KeyExpr | None = None,
+    mode: Mode = "queued",
+    scale: int | None = None,
+) -> CounterSpec:
+    """A spec counting (or summing) the rows of ``source`` attached through a generic
+    relation (a content type and an object id, Django's ``GenericForeignKey``) to the
+    objects of one model, per object.
+
+    ``content_type`` is the model's ``(app_label, model)``: a row counts when its
+    ``content_type_column`` holds the id of that content type, looked up by name in
+    ``content_type_table`` by the statement that counts (ids differ between databases;
+    none is compiled in). The key is the row's ``object_id_column``; a text object id
+    (``object_id_is_text``) keys a ``bigint`` or ``uuid`` target as the ORM's join casts
+    it (``'7'``, ``' 7'`` and ``'007'`` are 7); a text that does not cast counts nowhere
+    and never stops a write.
+
+    ``target`` is a :class:`ColumnTarget` on the model's table (its key column the
+    primary key), or a :class:`NamedTarget` with one key type.
+    """
+    source_table = Table.of(source)
+    types = target.key_types
+    if len(types) != 1:
+        raise InvalidCounterDefinition(
+            f"counter {name}: a generic relation's counter is keyed by the object id alone "
+            f"(one key type), got {len(types)}"
+        )
+    if (
+        not isinstance(content_type, tuple)
+        or len(content_type) != 2
+        or not all(isinstance(p, str) and p for p in content_type)
+    ):
+        raise InvalidCounterDefinition(
+            f"counter {name}: content_type is (app_label, model), got {content_type!r}"
+        )
+    for value, what in (
+        (content_type_column, "content type column"),
+        (object_id_column, "object id column"),
+    ):
+        check_identifier(value, what)
+    ct = Table.of(content_type_table)
+    column = _fragment_text(pgsql.Identifier(source_table.name, content_type_column))
+    # the content type's id, looked up by name by each statement (an InitPlan: once)
+    lookup = Fragment(
+        pgsql.SQL("{} = (SELECT ct.id FROM {} AS ct WHERE ct.app_label = %s AND ct.model = %s)")
+        .format(pgsql.SQL(column), pgsql.SQL(_fragment_text(ct.identifier())))
+        .as_string(),
+        content_type,
+    )
+    if where is not None:
+        lookup = Fragment(f"({lookup.sql}) AND ({where.sql})", lookup.params + where.params)
+    object_id = _fragment_text(pgsql.Identifier(source_table.name, object_id_column))
+    key: KeyExpr = object_id_column
+    if object_id_is_text:
+        if types[0] not in _OBJECT_ID_KEYS:
+            raise InvalidCounterDefinition(
+                f"counter {name}: a text object id keys a bigint, uuid or text counter, "
+                f"not {types[0]}"
+            )
+        key = Fragment(_OBJECT_ID_KEYS[types[0]].format(object_id))
+    return CounterSpec(
+        name=name,
+        source=source_table,
+        target=target,
+        keys=(key,),
+        where=lookup,
+        sum=sum,
+        mode=mode,
+        scale=scale,
+    )
+
+
+def _fragment_text(identifier: pgsql.Identifier) -> str:
+    """A quoted identifier as fragment text (a ``%`` in it doubled: not a placeholder)."""
+    return identifier.as_string().replace("%", "%%")

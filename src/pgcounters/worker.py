@@ -39,7 +39,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg
 
-from pgcounters import backfill, schema
+from pgcounters import backfill, notifications, schema
 from pgcounters.client import BatchResult, Counters, record_retry, retry_reason
 from pgcounters.config import connect, redact
 from pgcounters.connection import Conn
@@ -209,6 +209,8 @@ class Worker:
         )
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        # changes of direct-mode counters too (off when the role may not take them)
+        self._report_direct = True
         self._stats = WorkerStats(batch_size=self.settings.batch_size)
         self._batch_size = self.settings.batch_size
         self._backfills = True  # off once the role turns out unable to run them
@@ -338,6 +340,17 @@ class Worker:
             },
         )
         schema.check(conn)
+        if self._notifier.active and self._report_direct:
+            # direct-mode counters note their changes while a reporting worker is registered
+            try:
+                notifications.listen_direct(conn)
+            except pg.InsufficientPrivilege as exc:
+                self._report_direct = False
+                logger.warning(
+                    "changes of direct-mode counters are not reported: %s "
+                    "(`pgcounters grant --worker ROLE` gives the right)",
+                    str(exc).strip(),
+                )
         self._listening = False
         if s.listen:
             conn.execute(_ops("listen"))
@@ -455,6 +468,11 @@ class Worker:
             got += batch_got
             full = full or batch_full
             busy = busy or batch_busy
+        if self._notifier.active and self._report_direct and not self._stop.is_set():
+            # what direct-mode counters changed in transactions committed since
+            direct = notifications.take_direct(conn, self._batch_size)
+            if direct:
+                self._notifier.committed(conn, direct)
         self._trickle = got > 0
         now = time.monotonic()
         if (
@@ -518,8 +536,19 @@ class Worker:
         self._maybe_summarise()
 
     def _flush_notifications(self, conn: Conn) -> None:
-        """On the way out: send the changes the rate limit held back."""
-        if not self._notifier.notify or conn.closed or conn.broken:
+        """On the way out: report the direct-mode changes committed meanwhile, unregister,
+        and send the changes the rate limit held back."""
+        if not self._notifier.active or conn.closed or conn.broken:
+            return
+        if self._report_direct:
+            try:
+                direct = notifications.take_direct(conn, self._batch_size)
+                if direct:
+                    self._notifier.committed(conn, direct)
+                notifications.unlisten_direct(conn)
+            except psycopg.Error as exc:
+                logger.warning("could not report the last direct-mode changes: %s", exc)
+        if not self._notifier.notify:
             return
         try:
             self._notifier.flush(conn, force=True)

@@ -6,15 +6,23 @@ SELECT pg_catalog.set_config('pgcounters.note_changes', 'on', true);
 
 -- name: noted_changes
 -- the keys the batches of this transaction changed (before it commits): the noted JSON
--- array as text, and the key types of the counters it names (JSON object name -> types)
-SELECT c.noted,
-       (SELECT jsonb_object_agg(t.name, t.key_types)
-          FROM pgcounters.targets AS t
-         WHERE t.name IN (SELECT DISTINCT e.value ->> 0
-                            FROM jsonb_array_elements(c.noted::jsonb) AS e))
-  FROM (SELECT coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')
-               AS noted) AS c;
+-- array as text, and the key types of the counters (JSON object name -> types; all of
+-- them, a small table, rather than parse the notes a second time to pick theirs)
+SELECT coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]'),
+       (SELECT jsonb_object_agg(t.name, t.key_types) FROM pgcounters.targets AS t);
 
 -- name: notify_changes
 -- one notification for listeners in other processes
 SELECT pg_catalog.pg_notify(%(channel)s, %(payload)s);
+
+-- name: listen_direct_changes
+-- register this session as a reporting worker: direct-mode counters note their changes
+SELECT pgcounters.listen_direct_changes();
+
+-- name: unlisten_direct_changes
+-- unregister this session (the notes nobody will report are dropped with the last one)
+SELECT pgcounters.unlisten_direct_changes();
+
+-- name: take_direct_changes
+-- take committed changes of direct-mode counters: counter name, key parts, key types
+SELECT name, key, key_types FROM pgcounters.take_direct_changes(%(limit)s);

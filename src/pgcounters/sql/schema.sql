@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 19
+-- version: 20
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -610,6 +610,10 @@ BEGIN
             VALUES (v_target.id, p_keys[1]::text[], p_deltas[1])
             ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
             RETURNING c.value INTO v_value;
+            IF p_deltas[1] <> 0 AND EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
+                INSERT INTO pgcounters.direct_changes (target_id, keys)
+                VALUES (v_target.id, ARRAY[p_keys[1]]);
+            END IF;
             RETURN v_value;
         END IF;
     END IF;
@@ -642,6 +646,9 @@ BEGIN
         VALUES (v_target.id, v_keys[1]::text[], p_deltas[1])
         ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
         RETURNING c.value INTO v_value;
+        IF p_deltas[1] <> 0 AND EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
+            INSERT INTO pgcounters.direct_changes (target_id, keys) VALUES (v_target.id, v_keys);
+        END IF;
         RETURN v_value;
     END IF;
     WITH summed AS (
@@ -657,6 +664,14 @@ BEGIN
         RETURNING c.target_id, c.key, c.value
     )
     SELECT a.value INTO v_value FROM applied AS a ORDER BY a.target_id DESC, a.key DESC LIMIT 1;
+    IF EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
+        -- one row per counter of the call, its keys in one array (version 20)
+        INSERT INTO pgcounters.direct_changes (target_id, keys)
+        SELECT d.target_id, array_agg(DISTINCT d.key)
+          FROM unnest(p_targets, v_keys, p_deltas) AS d(target_id, key, delta)
+         WHERE d.delta IS NOT NULL AND d.delta <> 0
+         GROUP BY d.target_id;
+    END IF;
     RETURN v_value;
 END;
 $$;
@@ -1067,7 +1082,7 @@ DECLARE
     v_last_claimed bigint;
     -- a listener asked for the keys each batch changes (version 17)
     v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
-    v_changes jsonb;
+    v_changes json;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'batch size must be a positive integer, got %', p_limit
@@ -1125,7 +1140,7 @@ BEGIN
                        OR coalesce(array_length(s.key, 1), 0)
                           <> coalesce(array_length(t.key_types, 1), 0)),
                    max(s.last_id),
-                   jsonb_agg(jsonb_build_array(t.name, s.key))
+                   json_agg(json_build_array(t.name, s.key))
                        FILTER (WHERE $3 AND t.target_table IS NULL AND s.delta <> 0)
               FROM summed s
               LEFT JOIN pgcounters.targets t ON t.id = s.target_id
@@ -1143,9 +1158,13 @@ BEGIN
         END IF;
         deltas := v_claimed;
         IF v_changes IS NOT NULL THEN
+            -- the batch's JSON array spliced onto the notes so far, as text (version 20):
+            -- building jsonb and parsing the notes again cost a third of a batch's time
             PERFORM pg_catalog.set_config('pgcounters.changes',
-                (coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')::jsonb
-                 || v_changes)::text, true);
+                CASE WHEN coalesce(current_setting('pgcounters.changes', true), '') IN ('', '[]')
+                     THEN v_changes::text
+                     ELSE left(current_setting('pgcounters.changes', true), -1) || ', '
+                          || substr(v_changes::text, 2) END, true);
         END IF;
         IF v_columns IS NOT NULL THEN
             SELECT d.keys, d.busy, d.first_requeued
@@ -1394,7 +1413,7 @@ DECLARE
     v_busy bigint;
     v_first bigint;
     v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
-    v_changes jsonb;
+    v_changes json;
 BEGIN
     keys := 0;
     busy := 0;
@@ -1443,7 +1462,7 @@ BEGIN
             SELECT (SELECT count(*) FROM applied),
                    (SELECT coalesce(sum(h.n), 0) FROM held AS h)::bigint,
                    (SELECT min(b.id) FROM back AS b),
-                   (SELECT jsonb_agg(jsonb_build_array($3::text, ARRAY[l.key::text]))
+                   (SELECT json_agg(json_build_array($3::text, ARRAY[l.key::text]))
                       FROM locked AS l WHERE $4)
             $q$,
             t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column, v_queue,
@@ -1457,9 +1476,13 @@ BEGIN
         busy := busy + v_busy;
         first_requeued := least(first_requeued, v_first);
         IF v_changes IS NOT NULL THEN
+            -- the batch's JSON array spliced onto the notes so far, as text (version 20):
+            -- building jsonb and parsing the notes again cost a third of a batch's time
             PERFORM pg_catalog.set_config('pgcounters.changes',
-                (coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')::jsonb
-                 || v_changes)::text, true);
+                CASE WHEN coalesce(current_setting('pgcounters.changes', true), '') IN ('', '[]')
+                     THEN v_changes::text
+                     ELSE left(current_setting('pgcounters.changes', true), -1) || ', '
+                          || substr(v_changes::text, 2) END, true);
         END IF;
     END LOOP;
 END;
@@ -3454,10 +3477,148 @@ LANGUAGE sql AS $$
         'GRANT DELETE ON pgcounters.quota_sliding_usage TO %I'])
 $$;
 
+-- The application's rights on the functions its writes call (part of grant_app): the
+-- triggers run as the writer, a direct counter notes its changes, a generic relation's
+-- counter reads its text object ids.
+CREATE FUNCTION pgcounters._grant_app_generic(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._for_role(p_role, ARRAY[
+        'GRANT EXECUTE ON FUNCTION pgcounters.note_direct(integer, anyarray),'
+            ' pgcounters.object_id_bigint(text), pgcounters.object_id_uuid(text),'
+            ' pgcounters._cast_or_null(text, regtype) TO %I'])
+$$;
+
 CREATE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._grant_app_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
            || pgcounters._grant_app_sql_interface(p_role) || pgcounters._grant_app_sliding(p_role)
+           || pgcounters._grant_app_generic(p_role)
+$$;
+
+-- Counters over generic relations, and change reports of direct-mode counters
+-- (version 20): see migrations/0020_generic_relations.sql.
+
+CREATE FUNCTION pgcounters._cast_or_null(p_value text, p_type regtype) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    -- the cast an ORM's join makes (object_id::bigint = id), NULL where it would fail
+    EXECUTE format('SELECT $1::%s::text', p_type) INTO STRICT p_value USING p_value;
+    RETURN p_value;
+EXCEPTION WHEN data_exception THEN
+    RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION pgcounters.object_id_bigint(p_value text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_value ~ '^\s*[+-]?[0-9]{1,18}\s*$' THEN p_value::bigint
+                ELSE pgcounters._cast_or_null(p_value, 'bigint')::bigint END
+$$;
+
+CREATE FUNCTION pgcounters.object_id_uuid(p_value text) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_value ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                THEN p_value::uuid
+                ELSE pgcounters._cast_or_null(p_value, 'uuid')::uuid END
+$$;
+
+-- The sessions of the workers that report changes (their backend pid): direct-mode
+-- counters note their changes only while one is registered.
+CREATE TABLE pgcounters.change_listeners (
+    pid   integer PRIMARY KEY,
+    since timestamptz NOT NULL DEFAULT now()
+);
+
+-- The changes of direct-mode counters, committed and not yet reported: one row per
+-- writing statement (or add_direct call) and counter, its keys as the text of their
+-- arrays ('{42}').
+CREATE TABLE pgcounters.direct_changes (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    target_id integer NOT NULL,
+    keys      text[] NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+
+-- The direct triggers of counter columns note the keys of the parent rows a statement
+-- changed (in the key column's type), while a reporting worker is registered.
+CREATE FUNCTION pgcounters.note_direct(p_target integer, p_keys anyarray) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
+BEGIN
+    IF p_keys IS NOT NULL AND cardinality(p_keys) > 0
+       AND EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
+        INSERT INTO pgcounters.direct_changes (target_id, keys)
+        VALUES (p_target, ARRAY(SELECT ARRAY[k::text]::text FROM unnest(p_keys) AS k));
+    END IF;
+END;
+$$;
+
+-- Register the calling session as a reporting worker (direct counters note their
+-- changes from now on), forgetting the registrations of sessions that are gone (a
+-- worker killed): returns the number of workers registered.
+CREATE FUNCTION pgcounters.listen_direct_changes() RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
+BEGIN
+    DELETE FROM pgcounters.change_listeners AS l
+     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = l.pid);
+    INSERT INTO pgcounters.change_listeners (pid) VALUES (pg_backend_pid())
+        ON CONFLICT (pid) DO NOTHING;
+    RETURN (SELECT count(*) FROM pgcounters.change_listeners);
+END;
+$$;
+
+-- Unregister the calling session; when no reporting worker is left, the changes
+-- nobody will report are dropped. Returns the number of workers still registered.
+CREATE FUNCTION pgcounters.unlisten_direct_changes() RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
+DECLARE
+    v_left bigint;
+BEGIN
+    DELETE FROM pgcounters.change_listeners AS l
+     WHERE l.pid = pg_backend_pid()
+        OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = l.pid);
+    v_left := (SELECT count(*) FROM pgcounters.change_listeners);
+    IF v_left = 0 THEN
+        DELETE FROM pgcounters.direct_changes;
+    END IF;
+    RETURN v_left;
+END;
+$$;
+
+-- Take (delete and return) at most p_limit rows of committed direct-mode changes,
+-- the oldest first, skipping rows another worker is taking: each changed key once,
+-- with its counter's name and key types. The caller reports them after it commits.
+CREATE FUNCTION pgcounters.take_direct_changes(p_limit integer DEFAULT 1000)
+RETURNS TABLE (name text, key text[], key_types text[])
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION 'batch size must be a positive integer, got %', p_limit
+            USING ERRCODE = 'PC005';
+    END IF;
+    RETURN QUERY
+    WITH taken AS (
+        DELETE FROM pgcounters.direct_changes AS d
+         WHERE d.id = ANY (ARRAY(SELECT c.id FROM pgcounters.direct_changes AS c
+                                  ORDER BY c.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
+        RETURNING d.target_id, d.keys
+    )
+    SELECT DISTINCT t.name, k.key::text[], t.key_types
+      FROM taken
+      JOIN pgcounters.targets AS t ON t.id = taken.target_id
+     CROSS JOIN LATERAL unnest(taken.keys) AS k(key);
+END;
+$$;
+
+-- The worker's rights on the change reports of direct counters (part of grant_worker).
+CREATE FUNCTION pgcounters._grant_worker_direct_changes(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._for_role(p_role, ARRAY[
+        'GRANT EXECUTE ON FUNCTION pgcounters.listen_direct_changes(),'
+            ' pgcounters.unlisten_direct_changes(), pgcounters.take_direct_changes(integer)'
+            ' TO %I'])
 $$;
 
 CREATE FUNCTION pgcounters.grant_worker(p_role text) RETURNS text[]
@@ -3465,6 +3626,7 @@ LANGUAGE sql AS $$
     SELECT pgcounters._grant_worker_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
            || pgcounters._grant_worker_sql_interface(p_role)
            || pgcounters._grant_worker_sliding(p_role)
+           || pgcounters._grant_worker_direct_changes(p_role)
 $$;
 
 

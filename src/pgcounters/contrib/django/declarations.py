@@ -38,7 +38,15 @@ from django.db.models.sql import Query
 from pgcounters.client import Mode
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.keys import Key, KeyType
-from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table, Via
+from pgcounters.specs import (
+    ColumnTarget,
+    CounterSpec,
+    Fragment,
+    NamedTarget,
+    Table,
+    Via,
+    generic_relation,
+)
 from pgcounters.triggers import ReplicaWrites
 
 _KEY_TYPES: dict[str, KeyType] = {
@@ -211,6 +219,9 @@ class CounterColumn(models.Field):  # type: ignore[type-arg]
             raise InvalidCounterDefinition(
                 f"{model.__name__}.{self.name}: {model.__name__} has no relation {self.relation!r}"
             ) from None
+        generic = _generic_relation(rel)
+        if generic is not None:
+            return self._generic_spec(generic)
         if not isinstance(rel, models.ManyToOneRel):
             raise InvalidCounterDefinition(
                 f"{model.__name__}.{self.name}: {self.relation!r} is not the reverse side "
@@ -238,6 +249,61 @@ class CounterColumn(models.Field):  # type: ignore[type-arg]
             mode=self.counter_mode,
             scale=scale,
         )
+
+    def _generic_spec(self, rel: Any) -> CounterSpec:
+        """The spec of a counter column over a ``GenericRelation``: the rows of the related
+        model whose content type is this model's and whose object id is a row's key."""
+        model = self.model
+        source = rel.related_model
+        assert isinstance(source, type)
+        assert issubclass(source, models.Model)
+        object_id = source._meta.get_field(rel.object_id_field_name)
+        content_type = source._meta.get_field(rel.content_type_field_name)
+        assert isinstance(object_id, models.Field)
+        assert isinstance(content_type, models.ForeignKey)
+        ct_model = content_type.related_model
+        assert isinstance(ct_model, type)
+        assert issubclass(ct_model, models.Model)
+        concrete = model._meta.concrete_model
+        opts = concrete._meta if rel.for_concrete_model and concrete is not None else model._meta
+        pk = model._meta.pk
+        assert pk is not None
+        key_type = key_type_of(pk)
+        summed, scale = (
+            (None, None)
+            if self.counter_sum is None
+            else _summed_column(source, self.counter_sum, self.counter_places)
+        )
+        column = self.column
+        if not (column and pk.column and object_id.column and content_type.column):
+            raise InvalidCounterDefinition(f"{model.__name__}.{self.name} has no column")
+        return generic_relation(
+            f"{model._meta.app_label}.{model._meta.model_name}.{self.name}",
+            _table(source),
+            ColumnTarget(_table(model), column, pk.column, key_type),
+            content_type=(opts.app_label, opts.model_name or ""),
+            content_type_column=content_type.column,
+            object_id_column=object_id.column,
+            object_id_is_text=key_type_of(object_id) == "text" and key_type != "text",
+            content_type_table=_table(ct_model),
+            where=None
+            if self.counter_filter is None
+            else q_to_fragment(source, self.counter_filter),
+            sum=summed,
+            mode=self.counter_mode,
+            scale=scale,
+        )
+
+
+def _generic_relation(field: object) -> Any:
+    """``field`` if it is a ``GenericRelation`` (django.contrib.contenttypes), else None."""
+    from django.apps import apps
+
+    if not apps.is_installed("django.contrib.contenttypes"):
+        return None
+    from django.contrib.contenttypes.fields import GenericRelation
+
+    return field if isinstance(field, GenericRelation) else None
 
 
 class CountField(CounterColumn, models.BigIntegerField):  # type: ignore[type-arg]

@@ -16,18 +16,23 @@ writes going on meanwhile do not show as drift. ``manage.py pgcounters verify
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, models, transaction
 from django.db.models import Count, Sum
 
 from pgcounters.client import value_of
-from pgcounters.contrib.django.declarations import CounterColumn, NamedCounter, _named, key_type_of
+from pgcounters.contrib.django.declarations import (
+    CounterColumn,
+    NamedCounter,
+    _generic_relation,
+    _named,
+    key_type_of,
+)
 from pgcounters.errors import InvalidKey, UnknownCounter
 from pgcounters.keys import Key, KeyType, decode_key
 from pgcounters.repair import Mismatch, VerifyResult
@@ -48,7 +53,7 @@ class _Declared:
     parent_key: str = ""  # ... the field the foreign key points to ...
     column: str = ""  # ... and the counter field
     scale: int | None = None  # an exact sum of decimals: its values in units of 10^-scale
-    relation: str = ""  # a path or a many-to-many: counted from the parent model
+    relation: str = ""  # a path, a many-to-many or a generic relation: counted from the parent
 
     def truth(self, using: str) -> dict[Key, Number]:
         """The ORM's own count (or sum) per key of the source rows."""
@@ -67,8 +72,9 @@ class _Declared:
         return {tuple(row[k] for k in self.keys): _number(row["truth"]) for row in grouped}
 
     def _related_truth(self, using: str) -> dict[Key, Number]:
-        """``Parent.objects.annotate(Count("articles__comments", filter=Q(...)))``, the
-        filter's lookups taken from the parent (``articles__comments__public``)."""
+        """``Parent.objects.annotate(Count("articles__comments", filter=Q(...)))``: a path, a
+        many-to-many or a generic relation, the filter's lookups taken from the parent
+        (``articles__comments__public``)."""
         assert self.parent is not None
         q = None if self.filter is None else _prefixed(self.filter, self.relation)
         aggregate = (
@@ -85,16 +91,17 @@ class _Declared:
         return {(key,): _number(value) for key, value in rows}
 
 
-def _prefixed(q: models.Q, prefix: str) -> models.Q:
-    """The Q with each lookup seen from the parent (``articles__comments__public``)."""
-    out = copy.copy(q)
+def _prefixed(q: models.Q, relation: str) -> models.Q:
+    """``q`` over the related model's fields, as lookups through ``relation``."""
+    out = models.Q()
+    out.connector, out.negated = q.connector, q.negated
     children: list[Any] = []
     for child in q.children:
         if isinstance(child, models.Q):
-            children.append(_prefixed(child, prefix))
+            children.append(_prefixed(child, relation))
         else:
-            lookup, value = child  # type: ignore[misc]
-            children.append((f"{prefix}__{lookup}", value))
+            lookup, value = cast(tuple[str, Any], child)
+            children.append((f"{relation}__{lookup}", value))
     out.children = children
     return out
 
@@ -138,6 +145,26 @@ def _column_counters() -> Iterable[_Declared]:
                 )
                 continue
             rel = model._meta.get_field(field.relation or "")
+            if _generic_relation(rel) is not None:
+                spec = field.spec()
+                source = rel.related_model
+                assert isinstance(source, type)
+                pk = model._meta.pk
+                assert pk is not None
+                yield _Declared(
+                    name=spec.name,
+                    source=source,
+                    keys=(),
+                    key_types=(key_type_of(pk),),
+                    filter=field.counter_filter,
+                    sum=field.counter_sum,
+                    parent=model,
+                    parent_key=pk.attname,
+                    column=field.attname,
+                    scale=spec.scale,
+                    relation=field.relation or "",
+                )
+                continue
             assert isinstance(rel, models.ManyToOneRel)
             source = rel.related_model
             assert isinstance(source, type)

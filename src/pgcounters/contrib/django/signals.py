@@ -9,6 +9,9 @@ process), with the keyword arguments
   column's key is its row's primary key);
 * ``using``: the database alias the worker drains.
 
+Counters in ``direct`` mode are reported by the same worker, after the transaction that
+wrote them commits (:mod:`pgcounters.notifications`).
+
 Connect receivers in ``AppConfig.ready()``: the worker asks the drain for its
 changes only when the signal has receivers as it starts. A receiver that
 raises is logged (``pgcounters.notifications``) and the others still run; the

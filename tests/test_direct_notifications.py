@@ -1,0 +1,268 @@
+"""Change notifications of direct-mode counters: reported after the writing transaction
+commits (never before, never for one that rolls back), batched per statement, to the same
+listeners as the drain's (the worker's callback, NOTIFY)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgcounters import Counters, security, triggers
+from pgcounters.connection import Conn
+from pgcounters.notifications import (
+    CHANNEL,
+    Changes,
+    listen_direct,
+    merge,
+    parse_payload,
+    take_direct,
+    unlisten_direct,
+)
+from pgcounters.specs import ColumnTarget, CounterSpec, NamedTarget
+from pgcounters.worker import Worker, WorkerSettings
+from roles import login_role
+from support import wait_for
+
+FAST = WorkerSettings(min_interval=0.01, max_interval=0.05, log_every=0)
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield errors
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def _notes(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pgcounters.direct_changes").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _listeners(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pgcounters.change_listeners").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.fixture
+def blog(conn: Conn) -> Conn:
+    """Articles with two direct counters of their comments: a column and a named one."""
+    conn.execute("CREATE TABLE article (id bigint PRIMARY KEY, comments bigint DEFAULT 0)")
+    conn.execute("CREATE TABLE comment (id serial PRIMARY KEY, article_id bigint)")
+    conn.execute("INSERT INTO article (id) SELECT generate_series(1, 5)")
+    triggers.install(
+        conn,
+        [
+            CounterSpec(
+                "article.comments",
+                "comment",
+                ColumnTarget("article", "comments"),
+                keys="article_id",
+                mode="direct",
+            ),
+            CounterSpec(
+                "comments.per_article",
+                "comment",
+                NamedTarget(("bigint",)),
+                keys="article_id",
+                mode="direct",
+            ),
+        ],
+    )
+    return conn
+
+
+def test_nothing_is_noted_while_no_worker_reports_changes(blog: Conn, pc: Counters) -> None:
+    blog.execute("INSERT INTO comment (article_id) VALUES (1), (2)")
+    pc.create_counter("views", int, mode="direct")
+    pc.incr("views", 7)
+    assert _notes(blog) == 0
+    assert take_direct(blog) == {}
+
+
+def test_changes_are_noted_once_per_statement_and_visible_after_the_commit(
+    dsn: str, blog: Conn, pc: Counters
+) -> None:
+    assert listen_direct(blog) == 1
+    with psycopg.connect(dsn) as writer:  # a transaction left open
+        writer.execute(
+            "INSERT INTO comment (article_id) SELECT 1 + i % 3 FROM generate_series(1, 300) AS i"
+        )
+        # one note per statement and counter, never one per row; none visible yet
+        row = writer.execute("SELECT count(*) FROM pgcounters.direct_changes").fetchone()
+        assert row == (2,)
+        assert take_direct(blog) == {}
+        writer.commit()
+    want = {(1,), (2,), (3,)}
+    assert take_direct(blog) == {"article.comments": want, "comments.per_article": want}
+    assert _notes(blog) == 0  # taken: reported once
+    assert take_direct(blog) == {}
+
+
+def test_a_rolled_back_transaction_is_never_reported(dsn: str, blog: Conn) -> None:
+    listen_direct(blog)
+    with psycopg.connect(dsn) as writer:
+        writer.execute("INSERT INTO comment (article_id) VALUES (4)")
+        writer.rollback()
+        writer.execute("INSERT INTO comment (article_id) VALUES (5)")
+        writer.commit()
+    assert take_direct(blog) == {"article.comments": {(5,)}, "comments.per_article": {(5,)}}
+
+
+def test_an_update_reports_both_parents_and_a_net_zero_key_is_not_reported(blog: Conn) -> None:
+    blog.execute("INSERT INTO comment (article_id) VALUES (1), (2)")
+    listen_direct(blog)
+    # comment 1 moves from article 1 to 3; comment 2 moves to 2 again (no change)
+    blog.execute("UPDATE comment SET article_id = CASE id WHEN 1 THEN 3 ELSE 2 END")
+    assert take_direct(blog) == {
+        "article.comments": {(1,), (3,)},
+        "comments.per_article": {(1,), (3,)},
+    }
+
+
+def test_increments_through_the_sql_interface_are_reported(conn: Conn, pc: Counters) -> None:
+    pc.create_counter("likes", (int, str), mode="direct")
+    listen_direct(conn)
+    conn.execute("SELECT pgcounters.incr('likes', ARRAY['1', 'a'], 1)")
+    conn.execute("SELECT pgcounters.incr('likes', ARRAY['2', 'b'], 0)")  # changes nothing
+    conn.execute(
+        "SELECT pgcounters.add_direct(ARRAY[t.id, t.id], ARRAY['{3,c}', '{04,d}'], ARRAY[2, 1])"
+        " FROM pgcounters.targets AS t WHERE t.name = 'likes'"
+    )
+    assert take_direct(conn) == {"likes": {(1, "a"), (3, "c"), (4, "d")}}
+
+
+def test_the_last_worker_to_unregister_drops_the_notes_and_dead_ones_are_forgotten(
+    dsn: str, blog: Conn
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as other:
+        listen_direct(other)
+        other_pid = other.info.backend_pid
+    # that session is gone (a worker killed): the next one to register forgets it
+    wait_for(lambda: _pid_gone(blog, other_pid))
+    assert listen_direct(blog) == 1
+    blog.execute("INSERT INTO comment (article_id) VALUES (1)")
+    assert _notes(blog) == 2
+    assert unlisten_direct(blog) == 0
+    assert _notes(blog) == 0
+    assert _listeners(blog) == 0
+    blog.execute("INSERT INTO comment (article_id) VALUES (1)")
+    assert _notes(blog) == 0
+
+
+def _pid_gone(conn: Conn, pid: int) -> bool:
+    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    return row == (0,)
+
+
+def test_a_worker_reports_direct_changes_to_its_callback_and_listeners(
+    dsn: str, blog: Conn, pc: Counters
+) -> None:
+    pc.create_counter("views", int, mode="direct")
+    settings = WorkerSettings(
+        min_interval=0.01, max_interval=0.05, log_every=0, notify=True, notify_interval=0
+    )
+    calls: list[Changes] = []
+    worker = Worker(dsn, settings, on_change=calls.append)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        with running(worker) as errors:
+            wait_for(lambda: _listeners(blog) == 1)
+            blog.execute(
+                "INSERT INTO comment (article_id) SELECT 1 + i % 2 FROM generate_series(1, 50) i"
+            )
+            with blog.transaction(force_rollback=True):
+                blog.execute("INSERT INTO comment (article_id) VALUES (5)")
+            blog.execute("SELECT pgcounters.incr('views', ARRAY['42'], 1)")
+            wait_for(lambda: _all(_merged(calls)))
+        assert errors == []
+        received = [parse_payload(n.payload) for n in listener.notifies(timeout=0.5)]
+    want: Changes = {
+        "article.comments": {(1,), (2,)},
+        "comments.per_article": {(1,), (2,)},
+        "views": {(42,)},
+    }
+    assert _merged(calls) == want  # article 5's rolled-back comment is never reported
+    texts: dict[str, set[tuple[str, ...]]] = {}
+    for message in received:
+        for name, keys in message.items():
+            assert keys is not None
+            texts.setdefault(name, set()).update(keys)
+    assert texts == {n: {tuple(str(p) for p in k) for k in ks} for n, ks in want.items()}
+    # the worker unregistered as it stopped: direct writes note nothing any more
+    assert _listeners(blog) == 0
+    blog.execute("INSERT INTO comment (article_id) VALUES (3)")
+    assert _notes(blog) == 0
+
+
+def _merged(calls: list[Changes]) -> Changes:
+    union: Changes = {}
+    for c in list(calls):
+        merge(union, c)
+    return union
+
+
+def _all(seen: Changes) -> bool:
+    return (
+        seen.get("views") == {(42,)}
+        and seen.get("article.comments") == {(1,), (2,)}
+        and seen.get("comments.per_article") == {(1,), (2,)}
+    )
+
+
+def test_a_worker_without_listeners_does_not_register(dsn: str, blog: Conn) -> None:
+    worker = Worker(dsn, FAST)
+    with running(worker) as errors:
+        wait_for(lambda: worker.get_stats().rounds > 2)
+        assert _listeners(blog) == 0
+    assert errors == []
+
+
+def test_a_granted_worker_role_reports_and_one_without_the_right_still_drains(
+    dsn: str, conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
+) -> None:
+    pc.create_counter("views", int)
+    pc.create_counter("likes", int, mode="direct")
+    with login_role(dsn, "pgc_worker") as (role, role_dsn):
+        security.grant_worker(conn, role)
+        calls: list[Changes] = []
+        worker = Worker(role_dsn, FAST, on_change=calls.append)
+        with running(worker) as errors:
+            wait_for(lambda: _listeners(conn) == 1)
+            conn.execute("SELECT pgcounters.incr('likes', ARRAY['1'], 1)")
+            wait_for(lambda: _merged(calls).get("likes") == {(1,)})
+        assert errors == []
+        # a role granted before these functions existed: the drain's changes only
+        conn.execute(
+            sql.SQL("REVOKE EXECUTE ON FUNCTION pgcounters.listen_direct_changes() FROM {}").format(
+                sql.Identifier(role)
+            )
+        )
+        calls.clear()
+        worker = Worker(role_dsn, FAST, on_change=calls.append)
+        with caplog.at_level(logging.WARNING, "pgcounters.worker"), running(worker) as errors:
+            pc.incr("views", 5)
+            wait_for(lambda: _merged(calls).get("views") == {(5,)})
+        assert errors == []
+        assert "changes of direct-mode counters are not reported" in caplog.text
+        assert _listeners(conn) == 0
