@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("contenttypes", "0002_remove_content_type_name"),
-        ("pgcounters", "0020_generic_relations"),
+        ("pgcounters", "0022_generic_relations"),
     ]
 
     operations = [

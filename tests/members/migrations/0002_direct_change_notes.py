@@ -8,7 +8,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
     dependencies = [
         ("members", "0001_initial"),
-        ("pgcounters", "0020_generic_relations"),
+        ("pgcounters", "0022_generic_relations"),
     ]
 
     operations = [

@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ("pgcounters", "0019_paths"),
+        ("pgcounters", "0021_paths"),
     ]
 
     operations = [

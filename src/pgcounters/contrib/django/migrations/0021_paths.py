@@ -5,5 +5,5 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 
 class Migration(migrations.Migration):
     initial = False
-    dependencies = [("pgcounters", "0019_change_notifications")]
-    operations = [ApplySchemaMigration("0020_generic_relations")]
+    dependencies = [("pgcounters", "0020_sliding_windows")]
+    operations = [ApplySchemaMigration("0019_paths")]
