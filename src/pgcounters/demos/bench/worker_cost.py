@@ -34,8 +34,14 @@ from pgcounters.worker import APPLICATION_NAME
 
 RATE = 2500.0
 CLIENTS = 16
-VARIANTS = {"linger 0": 0.0, "linger 20 ms (default)": 0.02, "linger 50 ms": 0.05}
+VARIANTS = {
+    "linger 0": 0.0,
+    "linger 10 ms": 0.01,
+    "linger 20 ms (default)": 0.02,
+    "linger 50 ms": 0.05,
+}
 COMPARISONS: tuple[Comparison, ...] = (
+    ("linger 10 ms", "linger 0", None),
     ("linger 20 ms (default)", "linger 0", None),
     ("linger 50 ms", "linger 0", None),
 )
