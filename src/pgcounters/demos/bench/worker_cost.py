@@ -9,8 +9,8 @@ catch-up after it, per delta applied; the age of the oldest pending delta sample
 
 * ``linger 0``: the worker drains again as soon as a round applied anything (a batch, a
   transaction, for every few deltas);
-* ``linger 20 ms (default)`` and ``linger 50 ms``: it waits that long after a batch that
-  was not full, so the next batch gathers the deltas of that time.
+* ``linger 10 ms``, ``linger 20 ms (default)`` and ``linger 50 ms``: it waits that long
+  after a batch that was not full, so the next batch gathers the deltas of that time.
 
 The rate column is deltas per CPU second (higher is better). Every run is checked: the
 counter's total equals the increments pgbench made. Needs Linux (``/proc``) and pgbench.
