@@ -68,4 +68,9 @@ def test_the_worker_cost_run_measures_cpu_lag_and_counts_every_increment(dsn: st
     assert m.seconds > 0  # the worker and its backend used some CPU
     assert m.extra["CPU us/delta"] > 0
     assert m.extra["lag p99 ms"] >= m.extra["lag p50 ms"] >= 0
-    assert set(worker_cost.VARIANTS) == {"linger 0", "linger 20 ms (default)", "linger 50 ms"}
+    assert set(worker_cost.VARIANTS) == {
+        "linger 0",
+        "linger 10 ms",
+        "linger 20 ms (default)",
+        "linger 50 ms",
+    }

@@ -327,3 +327,28 @@ def test_the_wakeup_command(dsn: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert "between 1 ms and 1 hour" in capsys.readouterr().err
     assert cli.run(["--dsn", dsn, "wakeup", "off"]) == 0
     assert capsys.readouterr().out.strip() == "wake-ups are off"
+
+
+def test_a_worker_batches_read_committed_on_a_serializable_session(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    # a batch is one statement in autocommit mode: the worker's session must run Read
+    # Committed whatever the server's or role's default, or a busy counter would fail
+    # its batches on every row a writer changed since the snapshot
+    serializable = psycopg.conninfo.make_conninfo(
+        dsn, options="-c default_transaction_isolation=serializable"
+    )
+    pc.create_counter("iso", int)
+    worker = Worker(serializable, FAST)
+    session = worker._open()
+    try:
+        row = session.execute("SHOW default_transaction_isolation").fetchone()
+        assert row == ("read committed",)
+        for i in range(50):
+            pc.incr("iso", i % 5)
+        got, full, busy = worker._round(session)
+        assert (got, full, busy) == (50, False, False)
+    finally:
+        session.close()
+    assert queued(conn) == 0
+    assert pc.get_many("iso", range(5), exact=False) == [10] * 5

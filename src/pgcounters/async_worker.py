@@ -264,7 +264,10 @@ class AsyncWorker:
             if not holding[unlogged]:
                 continue
             batch = await run_async(
-                self._plans._drain_queue_batch(self._core._batch_size, unlogged), conn
+                self._plans._drain_queue_batch(
+                    self._core._batch_size, unlogged, one_statement=True
+                ),
+                conn,
             )
             batch_got, batch_full, batch_busy = self._core._note_batch(batch, unlogged)
             got += batch_got

@@ -459,8 +459,10 @@ class Worker:
                 break
             if not holding[unlogged]:
                 continue
-            batch = pc.drain_queue_batch(
-                self._batch_size, unlogged=unlogged, changes=self._notifier.active
+            batch = pc._run(
+                pc._drain_queue_batch(
+                    self._batch_size, unlogged, self._notifier.active, one_statement=True
+                )
             )
             if batch.changes:
                 self._notifier.committed(conn, batch.changes)

@@ -2,9 +2,10 @@
 -- Values are always bound parameters.
 
 -- name: worker_session
--- the worker's session timeouts
+-- the worker's session: timeouts, and Read Committed by default (a batch is one statement)
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
-       set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false);
+       set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false),
+       set_config('default_transaction_isolation', 'read committed', false);
 
 -- name: queues_holding
 -- Which queues hold a delta (the first id by the primary key: dead rows of drained

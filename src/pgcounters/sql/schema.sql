@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 20
+-- version: 22
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -1109,12 +1109,13 @@ BEGIN
 
     BEGIN
         LOOP
-        EXECUTE format($q$
+        -- no broken counter (the usual case): static statements, planned once a session
+        IF v_skip = '' AND NOT p_unlogged AND v_sole THEN
             WITH head AS MATERIALIZED (
-                SELECT min(id) AS lo FROM pgcounters.%1$I AS q WHERE true $q$ || v_skip || $q$
+                SELECT min(id) AS lo FROM pgcounters.queue AS q
             ), claimed AS (
-                DELETE FROM pgcounters.%1$I AS q
-                 WHERE $q$ || v_claim || v_skip || $q$
+                DELETE FROM pgcounters.queue AS q
+                 WHERE q.id BETWEEN (SELECT lo FROM head) AND (SELECT lo FROM head) + p_limit - 1
                 RETURNING q.id, q.target_id, q.key, q.delta, q.created_at
             ), summed AS (
                 SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n,
@@ -1135,18 +1136,162 @@ BEGIN
                    (SELECT count(*) FROM named),
                    array_agg((s.target_id, s.key[1], s.delta, s.n, s.created_at)::pgcounters.batch_delta)
                        FILTER (WHERE t.target_table IS NOT NULL AND s.delta <> 0),
-                   $q$ || CASE WHEN v_sole THEN '(SELECT lo FROM head)' ELSE 'NULL::bigint' END || $q$,
+                   (SELECT lo FROM head),
                    count(*) FILTER (WHERE t.id IS NULL
                        OR coalesce(array_length(s.key, 1), 0)
                           <> coalesce(array_length(t.key_types, 1), 0)),
                    max(s.last_id),
                    json_agg(json_build_array(t.name, s.key))
-                       FILTER (WHERE $3 AND t.target_table IS NULL AND s.delta <> 0)
+                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0)
+              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
               FROM summed s
-              LEFT JOIN pgcounters.targets t ON t.id = s.target_id
-        $q$, v_queue)
-        INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
-        USING p_limit, v_broken, v_note;
+              LEFT JOIN pgcounters.targets t ON t.id = s.target_id;
+        ELSIF v_skip = '' AND NOT p_unlogged THEN
+            WITH claimed AS (
+                DELETE FROM pgcounters.queue AS q
+                 WHERE q.id = ANY (ARRAY(SELECT id FROM pgcounters.queue AS q
+                                    ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED))
+                RETURNING q.id, q.target_id, q.key, q.delta, q.created_at
+            ), summed AS (
+                SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n,
+                       min(created_at) AS created_at, max(id) AS last_id
+                  FROM claimed
+                 GROUP BY target_id, claimed.key
+            ), named AS (
+                INSERT INTO pgcounters.counters AS k (target_id, key, value)
+                SELECT s.target_id, s.key, s.delta
+                  FROM summed s
+                  JOIN pgcounters.targets t ON t.id = s.target_id AND t.target_table IS NULL
+                 WHERE s.delta <> 0
+                 ORDER BY s.target_id, s.key
+                ON CONFLICT (target_id, key) DO UPDATE SET value = k.value + excluded.value
+                RETURNING 1
+            )
+            SELECT coalesce(sum(s.n), 0)::bigint,
+                   (SELECT count(*) FROM named),
+                   array_agg((s.target_id, s.key[1], s.delta, s.n, s.created_at)::pgcounters.batch_delta)
+                       FILTER (WHERE t.target_table IS NOT NULL AND s.delta <> 0),
+                   NULL::bigint,
+                   count(*) FILTER (WHERE t.id IS NULL
+                       OR coalesce(array_length(s.key, 1), 0)
+                          <> coalesce(array_length(t.key_types, 1), 0)),
+                   max(s.last_id),
+                   json_agg(json_build_array(t.name, s.key))
+                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0)
+              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
+              FROM summed s
+              LEFT JOIN pgcounters.targets t ON t.id = s.target_id;
+        ELSIF v_skip = '' AND v_sole THEN
+            WITH head AS MATERIALIZED (
+                SELECT min(id) AS lo FROM pgcounters.queue_unlogged AS q
+            ), claimed AS (
+                DELETE FROM pgcounters.queue_unlogged AS q
+                 WHERE q.id BETWEEN (SELECT lo FROM head) AND (SELECT lo FROM head) + p_limit - 1
+                RETURNING q.id, q.target_id, q.key, q.delta, q.created_at
+            ), summed AS (
+                SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n,
+                       min(created_at) AS created_at, max(id) AS last_id
+                  FROM claimed
+                 GROUP BY target_id, claimed.key
+            ), named AS (
+                INSERT INTO pgcounters.counters AS k (target_id, key, value)
+                SELECT s.target_id, s.key, s.delta
+                  FROM summed s
+                  JOIN pgcounters.targets t ON t.id = s.target_id AND t.target_table IS NULL
+                 WHERE s.delta <> 0
+                 ORDER BY s.target_id, s.key
+                ON CONFLICT (target_id, key) DO UPDATE SET value = k.value + excluded.value
+                RETURNING 1
+            )
+            SELECT coalesce(sum(s.n), 0)::bigint,
+                   (SELECT count(*) FROM named),
+                   array_agg((s.target_id, s.key[1], s.delta, s.n, s.created_at)::pgcounters.batch_delta)
+                       FILTER (WHERE t.target_table IS NOT NULL AND s.delta <> 0),
+                   (SELECT lo FROM head),
+                   count(*) FILTER (WHERE t.id IS NULL
+                       OR coalesce(array_length(s.key, 1), 0)
+                          <> coalesce(array_length(t.key_types, 1), 0)),
+                   max(s.last_id),
+                   json_agg(json_build_array(t.name, s.key))
+                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0)
+              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
+              FROM summed s
+              LEFT JOIN pgcounters.targets t ON t.id = s.target_id;
+        ELSIF v_skip = '' THEN
+            WITH claimed AS (
+                DELETE FROM pgcounters.queue_unlogged AS q
+                 WHERE q.id = ANY (ARRAY(SELECT id FROM pgcounters.queue_unlogged AS q
+                                    ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED))
+                RETURNING q.id, q.target_id, q.key, q.delta, q.created_at
+            ), summed AS (
+                SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n,
+                       min(created_at) AS created_at, max(id) AS last_id
+                  FROM claimed
+                 GROUP BY target_id, claimed.key
+            ), named AS (
+                INSERT INTO pgcounters.counters AS k (target_id, key, value)
+                SELECT s.target_id, s.key, s.delta
+                  FROM summed s
+                  JOIN pgcounters.targets t ON t.id = s.target_id AND t.target_table IS NULL
+                 WHERE s.delta <> 0
+                 ORDER BY s.target_id, s.key
+                ON CONFLICT (target_id, key) DO UPDATE SET value = k.value + excluded.value
+                RETURNING 1
+            )
+            SELECT coalesce(sum(s.n), 0)::bigint,
+                   (SELECT count(*) FROM named),
+                   array_agg((s.target_id, s.key[1], s.delta, s.n, s.created_at)::pgcounters.batch_delta)
+                       FILTER (WHERE t.target_table IS NOT NULL AND s.delta <> 0),
+                   NULL::bigint,
+                   count(*) FILTER (WHERE t.id IS NULL
+                       OR coalesce(array_length(s.key, 1), 0)
+                          <> coalesce(array_length(t.key_types, 1), 0)),
+                   max(s.last_id),
+                   json_agg(json_build_array(t.name, s.key))
+                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0)
+              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
+              FROM summed s
+              LEFT JOIN pgcounters.targets t ON t.id = s.target_id;
+        ELSE
+            EXECUTE format($q$
+                WITH head AS MATERIALIZED (
+                    SELECT min(id) AS lo FROM pgcounters.%1$I AS q WHERE true $q$ || v_skip || $q$
+                ), claimed AS (
+                    DELETE FROM pgcounters.%1$I AS q
+                     WHERE $q$ || v_claim || v_skip || $q$
+                    RETURNING q.id, q.target_id, q.key, q.delta, q.created_at
+                ), summed AS (
+                    SELECT target_id, key::text[] AS key, sum(delta) AS delta, count(*) AS n,
+                           min(created_at) AS created_at, max(id) AS last_id
+                      FROM claimed
+                     GROUP BY target_id, claimed.key
+                ), named AS (
+                    INSERT INTO pgcounters.counters AS k (target_id, key, value)
+                    SELECT s.target_id, s.key, s.delta
+                      FROM summed s
+                      JOIN pgcounters.targets t ON t.id = s.target_id AND t.target_table IS NULL
+                     WHERE s.delta <> 0
+                     ORDER BY s.target_id, s.key
+                    ON CONFLICT (target_id, key) DO UPDATE SET value = k.value + excluded.value
+                    RETURNING 1
+                )
+                SELECT coalesce(sum(s.n), 0)::bigint,
+                       (SELECT count(*) FROM named),
+                       array_agg((s.target_id, s.key[1], s.delta, s.n, s.created_at)::pgcounters.batch_delta)
+                           FILTER (WHERE t.target_table IS NOT NULL AND s.delta <> 0),
+                       $q$ || CASE WHEN v_sole THEN '(SELECT lo FROM head)' ELSE 'NULL::bigint' END || $q$,
+                       count(*) FILTER (WHERE t.id IS NULL
+                           OR coalesce(array_length(s.key, 1), 0)
+                              <> coalesce(array_length(t.key_types, 1), 0)),
+                       max(s.last_id),
+                       json_agg(json_build_array(t.name, s.key))
+                           FILTER (WHERE $3 AND t.target_table IS NULL AND s.delta <> 0)
+                  FROM summed s
+                  LEFT JOIN pgcounters.targets t ON t.id = s.target_id
+            $q$, v_queue)
+            INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
+            USING p_limit, v_broken, v_note;
+        END IF;
         -- a range found empty while the queue was not: another drainer held it and
         -- took it; claim again from the new head (each round sees a newer snapshot)
         EXIT WHEN v_claimed > 0 OR v_head IS NULL;

@@ -28,6 +28,7 @@ from pgcounters.demos.bench import (
     drain,
     drain_keys,
     hot,
+    live,
     paths,
     quota,
     sqlincr,
@@ -81,6 +82,7 @@ SCENARIOS: dict[str, Runner] = {
     "trigger-overhead": blog.trigger_overhead,
     "top-n": blog.top_n,
     "exact-read": blog.exact_read,
+    "exact-read-live": live.exact_read_live,
     "column-guard": columns.column_guard,
     "backfill": columns.backfill_scenario,
     "path-insert": paths.path_insert,
@@ -91,10 +93,12 @@ SCENARIOS: dict[str, Runner] = {
     "counters-per-table": width.counters_per_table,
     "worker-cost": worker_cost.worker_cost,
     "async": asyncapi.async_api,
+    "soak": live.soak,
 }
 
-ON_REQUEST = frozenset({"sharded"})
-"""Scenarios run only when named: they need software the others do not (PL/Proxy)."""
+ON_REQUEST = frozenset({"sharded", "soak"})
+"""Scenarios run only when named: they need software the others do not (PL/Proxy), or
+run for a long time (the soak: 10 minutes)."""
 
 DEFAULT_OUTPUT = "bench-results"
 

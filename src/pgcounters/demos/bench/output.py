@@ -79,6 +79,31 @@ def chart(scenario: Scenario, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def series_chart(scenario: Scenario, path: Path) -> None:
+    """Line charts of a long run's time series, one panel per kind (the text before the
+    colon of a series' name: "size MB: queue" and "size MB: counters" share a panel)."""
+    from matplotlib.figure import Figure
+
+    panels: dict[str, list[str]] = {}
+    for name in scenario.series:
+        panels.setdefault(name.split(":", 1)[0], []).append(name)
+    fig = Figure(figsize=(9, 2.0 * len(panels) + 0.6), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (kind, names) in zip(axes, panels.items(), strict=True):
+        for name in names:
+            points = scenario.series[name]
+            label = name.split(":", 1)[1].strip() if ":" in name else name
+            ax.plot([t for t, _ in points], [v for _, v in points], label=label)
+        ax.set_ylabel(kind, fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if len(names) > 1:
+            ax.legend(fontsize=8, loc="upper left")
+    axes[-1].set_xlabel("seconds since the start")
+    axes[0].set_title(scenario.name, fontsize=10)
+    fig.savefig(path, dpi=100)
+
+
 def markdown(scenarios: Sequence[Scenario], header: Sequence[str], charts_dir: str | None) -> str:
     """The report: header lines, a summary of headline ratios, then every scenario's tables."""
     lines = [
@@ -127,7 +152,7 @@ def write(
         for s in scenarios:
             if s.runs:
                 path = out_dir / chart_name(s)
-                chart(s, path)
+                (series_chart if s.series else chart)(s, path)
                 charts.append(path)
     drawn = bool(charts)
     md_paths = [out_dir / "results.md"]

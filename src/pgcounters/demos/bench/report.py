@@ -39,6 +39,9 @@ class Scenario:
     headline: tuple[str, str] | None = None
     """(variant, baseline) of the scenario's headline ratio: pgcounters vs the reference
     technique. None: the first comparison with a target."""
+    series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """Time series of a long run (name -> (seconds since the start, value)): charted as
+    lines instead of the bars of the variants' rates."""
 
     def _combine(self, values: Sequence[float]) -> float:
         if self.extra_aggregate == "median":
@@ -110,6 +113,11 @@ class Scenario:
             "met": None if head is None else head["met"],
             "headline": None if head is None else f"{head['variant']} vs {head['baseline']}",
             "ratios": self.comparisons,
+            **(
+                {"series": {k: [list(p) for p in v] for k, v in self.series.items()}}
+                if self.series
+                else {}
+            ),
         }
 
     def headline_comparison(self) -> dict[str, object] | None:
