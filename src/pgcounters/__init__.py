@@ -68,7 +68,7 @@ from pgcounters.estimates import estimate_query, estimate_table
 from pgcounters.quotas import AsyncQuotas, CallResult, Quota, QuotaLimit, Quotas
 from pgcounters.repair import RecountResult, VerifyResult, recount, verify
 from pgcounters.schema import install, upgrade
-from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
+from pgcounters.specs import Bucket, ColumnTarget, CounterSpec, Fragment, NamedTarget, Table
 
 if TYPE_CHECKING:
     from pgcounters import notifications, status
@@ -102,6 +102,7 @@ __all__ = [  # noqa: RUF022
     "AsyncQuotas",
     # -- counters declared over tables, kept by triggers (install, drift, pause, uninstall
     #    are functions of the `triggers` namespace), checked and repaired by recount
+    "Bucket",
     "ColumnTarget",
     "CounterSpec",
     "Fragment",

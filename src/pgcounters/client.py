@@ -9,6 +9,7 @@ implementation of each operation (see :mod:`pgcounters.plans`).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import logging
@@ -34,6 +35,7 @@ from pgcounters.errors import (
     InvalidArgument,
     InvalidCounterDefinition,
     InvalidDelta,
+    InvalidKey,
     ReplicaError,
     ReplicaNotCaughtUp,
     UnknownCounter,
@@ -593,6 +595,90 @@ class _CounterPlans:
         rows = yield Execute(query("top_named"), {"t": counter.id, "n": n}, "all", read=True)
         return [(decode_key(k, counter.key_types), int(v)) for k, v in rows]
 
+    # -- counters per period ---------------------------------------------------
+
+    def _get_range(self, name: str, key: object, start: dt.date, end: dt.date) -> Plan[int]:
+        """The exact value of a counter per period over the periods that start in
+        ``[start, end)``, for ``key`` (its key without the period), in one statement.
+
+        ``start`` and ``end`` are aware datetimes, or dates (their midnight in the
+        counter's time zone): the last 7 days of a daily counter are
+        ``(today - 6 days, today + 1 day)``. Periods no longer kept read 0.
+        """
+        params = yield from self._range_params(name, key, start, end)
+        row = yield Execute(query("get_range"), params, "one", read=True)
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def _get_series(
+        self, name: str, key: object, start: dt.date, end: dt.date
+    ) -> Plan[list[tuple[dt.date, int]]]:
+        """One exact value per period that starts in ``[start, end)`` for ``key``,
+        zero-filled, in time order, in one statement (a chart's series).
+
+        Each period is named by its start in the counter's time zone: a date for a
+        day, week or month, an aware datetime for an hour.
+        """
+        params = yield from self._range_params(name, key, start, end)
+        rows = yield Execute(query("get_series"), params, "all", read=True)
+        out: list[tuple[dt.date, int]] = []
+        for began, value, period, zone in rows:
+            local = began.astimezone(_zone(zone))
+            out.append((local if period == "hour" else local.date(), int(value)))
+        return out
+
+    def _top_range(
+        self, name: str, start: dt.date, end: dt.date, n: int = 10
+    ) -> Plan[list[tuple[Key, int]]]:
+        """The ``n`` keys (without the period) with the highest exact values over the
+        periods that start in ``[start, end)``, highest first, in one statement."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= BIGINT_MAX:
+            raise InvalidArgument(
+                f"n must be a non-negative int within the bigint range, got {n!r}"
+            )
+        counter = yield from self._integer(name)
+        params = yield from self._range_params(name, None, start, end, counter=counter, keyed=False)
+        params["n"] = n
+        rows = yield Execute(query("top_range"), params, "all", read=True)
+        return [(decode_key(k, counter.key_types[:-1]), int(v)) for k, v in rows]
+
+    def _range_params(
+        self,
+        name: str,
+        key: object,
+        start: dt.date,
+        end: dt.date,
+        *,
+        counter: Counter | None = None,
+        keyed: bool = True,
+    ) -> Plan[dict[str, Any]]:
+        """The parameters of a read over a range: the key without its period part, the
+        ends as instants or as dates of the counter's zone."""
+        if counter is None:
+            counter = yield from self._integer(name)
+        if not counter.key_types:
+            raise InvalidCounterDefinition(f"counter {name} is not counted per period")
+        params: dict[str, Any] = {"name": name}
+        if keyed:
+            try:
+                params["key"] = encode_key(key, counter.key_types[:-1], name)
+            except InvalidKey:
+                # a counter that is not counted per period is refused for that first
+                yield Execute(query("bucket_of"), {"name": name}, "one", read=True)
+                raise
+        for label, value in (("start", start), ("end", end)):
+            if isinstance(value, dt.datetime):
+                if value.tzinfo is None or value.utcoffset() is None:
+                    raise InvalidArgument(
+                        f"{label} must be an aware datetime (or a date of the counter's "
+                        f"time zone), got the naive {value!r}"
+                    )
+                params[label], params[label + "_day"] = value, None
+            elif isinstance(value, dt.date):
+                params[label], params[label + "_day"] = None, value
+            else:
+                raise InvalidArgument(f"{label} must be a datetime or a date, got {value!r}")
+        return params
+
     def _integer(self, name: str) -> Plan[Counter]:
         """The counter, refused when it sums decimals (read as Decimals: ``*_decimal``)."""
         counter = yield from self._counter(name)
@@ -1001,6 +1087,19 @@ class Counters(_CounterPlans):
     def top_decimal(self, name: str, n: int = 10) -> list[tuple[Key, Decimal]]:
         return self._run(self._top_decimal(name, n))
 
+    def get_range(self, name: str, key: object, start: dt.date, end: dt.date) -> int:
+        return self._run(self._get_range(name, key, start, end))
+
+    def get_series(
+        self, name: str, key: object, start: dt.date, end: dt.date
+    ) -> list[tuple[dt.date, int]]:
+        return self._run(self._get_series(name, key, start, end))
+
+    def top_range(
+        self, name: str, start: dt.date, end: dt.date, n: int = 10
+    ) -> list[tuple[Key, int]]:
+        return self._run(self._top_range(name, start, end, n))
+
     def wal_position(self) -> str:
         return self._run(self._wal_position())
 
@@ -1138,6 +1237,19 @@ class AsyncCounters(_CounterPlans):
     async def top_decimal(self, name: str, n: int = 10) -> list[tuple[Key, Decimal]]:
         return await self._run(self._top_decimal(name, n))
 
+    async def get_range(self, name: str, key: object, start: dt.date, end: dt.date) -> int:
+        return await self._run(self._get_range(name, key, start, end))
+
+    async def get_series(
+        self, name: str, key: object, start: dt.date, end: dt.date
+    ) -> list[tuple[dt.date, int]]:
+        return await self._run(self._get_series(name, key, start, end))
+
+    async def top_range(
+        self, name: str, start: dt.date, end: dt.date, n: int = 10
+    ) -> list[tuple[Key, int]]:
+        return await self._run(self._top_range(name, start, end, n))
+
     async def wal_position(self) -> str:
         return await self._run(self._wal_position())
 
@@ -1187,6 +1299,14 @@ share_docs(_CounterPlans, Counters, AsyncCounters)
 
 _MAX_TIMEOUT = (2**31 - 1) // 1000
 """The longest statement timeout PostgreSQL takes, in whole seconds."""
+
+
+@functools.cache
+def _zone(name: str) -> dt.tzinfo:
+    """An IANA time zone (the zone of a counter per period)."""
+    import zoneinfo
+
+    return zoneinfo.ZoneInfo(name)
 
 
 def retry_reason(exc: BaseException) -> str:

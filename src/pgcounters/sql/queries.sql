@@ -518,3 +518,38 @@ SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a
 -- name: target_scale
 -- the decimal places of a counter's values (NULL: integer values)
 SELECT scale FROM pgcounters.targets WHERE name = %s;
+
+-- name: get_range
+-- the exact value of one key of a counter per period over the periods of a range
+-- (a date end is its local midnight in the counter's zone), in one statement
+SELECT pgcounters.get_range(%(name)s, %(key)s::text[],
+           coalesce(%(start)s::timestamptz, %(start_day)s::date::timestamp AT TIME ZONE b.zone),
+           coalesce(%(end)s::timestamptz, %(end_day)s::date::timestamp AT TIME ZONE b.zone))
+  FROM pgcounters._bucket(%(name)s) AS b;
+
+-- name: get_series
+-- one exact value per period of a range for one key of a counter per period,
+-- zero-filled, in time order, with the counter's period and zone
+SELECT s.period_start, s.value, b.period, b.zone
+  FROM pgcounters._bucket(%(name)s) AS b,
+       pgcounters.get_series(%(name)s, %(key)s::text[],
+           coalesce(%(start)s::timestamptz, %(start_day)s::date::timestamp AT TIME ZONE b.zone),
+           coalesce(%(end)s::timestamptz, %(end_day)s::date::timestamp AT TIME ZONE b.zone)) AS s
+ ORDER BY s.period_start;
+
+-- name: top_range
+-- the n keys with the highest exact values of a counter per period over a range
+SELECT t.key, t.value
+  FROM pgcounters._bucket(%(name)s) AS b,
+       pgcounters.top_range(%(name)s,
+           coalesce(%(start)s::timestamptz, %(start_day)s::date::timestamp AT TIME ZONE b.zone),
+           coalesce(%(end)s::timestamptz, %(end_day)s::date::timestamp AT TIME ZONE b.zone),
+           %(n)s) AS t;
+
+-- name: drop_expired_buckets
+-- retention of counters per period: delete at most %(limit)s values of periods no longer kept
+SELECT pgcounters.drop_expired_buckets(%(limit)s);
+
+-- name: bucket_of
+-- the period, zone and kept periods of a counter per period (refused for another counter)
+SELECT period, zone, keep FROM pgcounters._bucket(%(name)s);
