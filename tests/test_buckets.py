@@ -14,6 +14,7 @@ import pytest
 
 from pgcounters import (
     AsyncCounters,
+    AsyncWorker,
     Bucket,
     ColumnTarget,
     Counters,
@@ -22,6 +23,8 @@ from pgcounters import (
     InvalidArgument,
     InvalidCounterDefinition,
     NamedTarget,
+    Worker,
+    WorkerSettings,
     recount,
     triggers,
     verify,
@@ -29,7 +32,7 @@ from pgcounters import (
 from pgcounters.connection import Conn
 from pgcounters.keys import Key
 from roles import login_role
-from support import set_clock, tamper
+from support import queued, set_clock, set_database_clock, tamper, wait_for
 
 PARIS = ZoneInfo("Europe/Paris")
 UTC = dt.UTC
@@ -398,3 +401,60 @@ def test_retention_drops_old_periods_while_a_drain_runs(conn: Conn, dsn: str) ->
     assert verify(conn, "per_day").ok
     recount(conn, "per_day")
     assert conn.execute("SELECT count(*) FROM pgcounters.counters").fetchone() == (6,)
+
+
+def _old_and_new_days(conn: Conn) -> None:
+    """A counter keeping 2 days, values of 5 days, the database's clock on 20 November."""
+    _table(conn)
+    triggers.install(conn, [_spec(keep=2)])
+    today = dt.datetime(2026, 11, 20, 12, tzinfo=PARIS)
+    set_database_clock(conn, today)  # every session of the worker has this clock too
+    _insert(conn, [(1, today - dt.timedelta(days=d)) for d in range(5)])
+
+
+def _stored_days(conn: Conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT key[2] FROM pgcounters.counters ORDER BY 1")]
+
+
+def test_the_worker_drains_then_deletes_periods_no_longer_kept(conn: Conn, dsn: str) -> None:
+    _old_and_new_days(conn)
+    worker = Worker(dsn, WorkerSettings(min_interval=0.01, max_interval=0.05))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: queued(conn) == 0 and _stored_days(conn) == ["2026-11-19", "2026-11-20"])
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert verify(conn, "per_day").ok
+
+
+def test_the_async_worker_deletes_periods_no_longer_kept(conn: Conn, dsn: str) -> None:
+    _old_and_new_days(conn)
+    Counters(conn).drain()
+    assert len(_stored_days(conn)) == 5
+
+    async def main() -> None:
+        async with AsyncWorker(dsn, WorkerSettings(min_interval=0.01, max_interval=0.05)):
+            for _ in range(3000):
+                if _stored_days(conn) == ["2026-11-19", "2026-11-20"]:
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError("the old days were not deleted")
+
+    asyncio.run(main())
+
+
+def test_drop_expired_buckets_skips_a_row_another_transaction_holds(conn: Conn, dsn: str) -> None:
+    _old_and_new_days(conn)
+    pc = Counters(conn)
+    pc.drain()
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM pgcounters.counters WHERE key = '{1,2026-11-16}' FOR UPDATE")
+        # no wait: the held row is left for a later call
+        assert pc.drop_expired_buckets() == 2
+        assert _stored_days(conn)[0] == "2026-11-16"
+    assert pc.drop_expired_buckets() == 1
+    with pytest.raises(InvalidArgument):
+        pc.drop_expired_buckets(0)

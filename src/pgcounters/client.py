@@ -679,6 +679,16 @@ class _CounterPlans:
                 raise InvalidArgument(f"{label} must be a datetime or a date, got {value!r}")
         return params
 
+    @staticmethod
+    def _drop_expired_buckets(limit: int = 10_000) -> Plan[int]:
+        """Delete at most ``limit`` stored values of periods that counters per period no
+        longer keep (their ``keep``), without waiting for a row another transaction
+        holds; returns how many were deleted. The worker calls it once a minute."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= INT_MAX:
+            raise InvalidArgument(f"limit must be a positive int below 2**31, got {limit!r}")
+        row = yield Execute(query("drop_expired_buckets"), {"limit": limit}, "one")
+        return int(row[0]) if row else 0
+
     def _integer(self, name: str) -> Plan[Counter]:
         """The counter, refused when it sums decimals (read as Decimals: ``*_decimal``)."""
         counter = yield from self._counter(name)
@@ -1100,6 +1110,9 @@ class Counters(_CounterPlans):
     ) -> list[tuple[Key, int]]:
         return self._run(self._top_range(name, start, end, n))
 
+    def drop_expired_buckets(self, limit: int = 10_000) -> int:
+        return self._run(self._drop_expired_buckets(limit))
+
     def wal_position(self) -> str:
         return self._run(self._wal_position())
 
@@ -1249,6 +1262,9 @@ class AsyncCounters(_CounterPlans):
         self, name: str, start: dt.date, end: dt.date, n: int = 10
     ) -> list[tuple[Key, int]]:
         return await self._run(self._top_range(name, start, end, n))
+
+    async def drop_expired_buckets(self, limit: int = 10_000) -> int:
+        return await self._run(self._drop_expired_buckets(limit))
 
     async def wal_position(self) -> str:
         return await self._run(self._wal_position())
