@@ -519,23 +519,53 @@ SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a
 -- the decimal places of a counter's values (NULL: integer values)
 SELECT scale FROM pgcounters.targets WHERE name = %s;
 
--- name: get_range
--- the exact value of one key of a counter per period over the periods of a range
--- (a date end is its local midnight in the counter's zone), in one statement
-SELECT pgcounters.get_range(%(name)s, %(key)s::text[],
-           coalesce(%(start)s::timestamptz, %(start_day)s::date::timestamp AT TIME ZONE b.zone),
-           coalesce(%(end)s::timestamptz, %(end_day)s::date::timestamp AT TIME ZONE b.zone))
-  FROM pgcounters._bucket(%(name)s) AS b;
-
 -- name: get_series
--- one exact value per period of a range for one key of a counter per period,
--- zero-filled, in time order, with the counter's period and zone
-SELECT s.period_start, s.value, b.period, b.zone
-  FROM pgcounters._bucket(%(name)s) AS b,
-       pgcounters.get_series(%(name)s, %(key)s::text[],
-           coalesce(%(start)s::timestamptz, %(start_day)s::date::timestamp AT TIME ZONE b.zone),
-           coalesce(%(end)s::timestamptz, %(end_day)s::date::timestamp AT TIME ZONE b.zone)) AS s
- ORDER BY s.period_start;
+-- the exact value of one key of a counter per period for each period given, in order
+-- in one statement: each key looked up in the indexes, the periods no longer kept
+-- read 0; no row when the counter's periods are no longer those given (%(bucket)s,
+-- the recorded definition the keys were made from); refused while it is backfilled
+WITH d AS (SELECT s.definition -> 'bucket' AS bucket FROM pgcounters.specs AS s
+            WHERE s.name = %(name)s),
+h AS (SELECT CASE WHEN %(keep)s::integer IS NULL THEN '' ELSE
+                  pgcounters.bucket_text(%(period)s, %(zone)s,
+                      pgcounters.bucket_horizon(%(period)s, %(zone)s, %(keep)s::integer)) END
+             AS first)
+SELECT k.i, CASE WHEN k.bucket COLLATE "C" < h.first COLLATE "C" THEN 0 ELSE
+           (coalesce((SELECT c.value FROM pgcounters.counters AS c
+                       WHERE c.target_id = %(t)s AND c.key = %(key)s::text[] || k.bucket), 0)
+              + coalesce((SELECT sum(q.delta) FROM pgcounters.queue AS q
+                           WHERE q.target_id = %(t)s AND q.key = (%(key)s::text[] || k.bucket)::text), 0)
+              + coalesce((SELECT sum(q.delta) FROM pgcounters.queue_unlogged AS q
+                           WHERE q.target_id = %(t)s AND q.key = (%(key)s::text[] || k.bucket)::text), 0))::bigint END
+  FROM unnest(%(buckets)s::text[]) WITH ORDINALITY AS k(bucket, i), h
+ WHERE (SELECT d.bucket FROM d) = %(bucket)s::jsonb
+   AND (NOT EXISTS (SELECT 1 FROM pgcounters.backfills AS f
+                      JOIN pgcounters.targets AS g ON g.name = f.name WHERE g.id = %(t)s)
+        OR pgcounters._backfilling(%(t)s) IS NULL)
+ ORDER BY k.i;
+
+-- name: get_series_logged
+-- get_series on a hot standby: the logged queue only
+-- in one statement: each key looked up in the indexes, the periods no longer kept
+-- read 0; no row when the counter's periods are no longer those given (%(bucket)s,
+-- the recorded definition the keys were made from); refused while it is backfilled
+WITH d AS (SELECT s.definition -> 'bucket' AS bucket FROM pgcounters.specs AS s
+            WHERE s.name = %(name)s),
+h AS (SELECT CASE WHEN %(keep)s::integer IS NULL THEN '' ELSE
+                  pgcounters.bucket_text(%(period)s, %(zone)s,
+                      pgcounters.bucket_horizon(%(period)s, %(zone)s, %(keep)s::integer)) END
+             AS first)
+SELECT k.i, CASE WHEN k.bucket COLLATE "C" < h.first COLLATE "C" THEN 0 ELSE
+           (coalesce((SELECT c.value FROM pgcounters.counters AS c
+                       WHERE c.target_id = %(t)s AND c.key = %(key)s::text[] || k.bucket), 0)
+              + coalesce((SELECT sum(q.delta) FROM pgcounters.queue AS q
+                           WHERE q.target_id = %(t)s AND q.key = (%(key)s::text[] || k.bucket)::text), 0))::bigint END
+  FROM unnest(%(buckets)s::text[]) WITH ORDINALITY AS k(bucket, i), h
+ WHERE (SELECT d.bucket FROM d) = %(bucket)s::jsonb
+   AND (NOT EXISTS (SELECT 1 FROM pgcounters.backfills AS f
+                      JOIN pgcounters.targets AS g ON g.name = f.name WHERE g.id = %(t)s)
+        OR pgcounters._backfilling(%(t)s) IS NULL)
+ ORDER BY k.i;
 
 -- name: top_range
 -- the n keys with the highest exact values of a counter per period over a range
@@ -551,5 +581,6 @@ SELECT t.key, t.value
 SELECT pgcounters.drop_expired_buckets(%(limit)s);
 
 -- name: bucket_of
--- the period, zone and kept periods of a counter per period (refused for another counter)
-SELECT period, zone, keep FROM pgcounters._bucket(%(name)s);
+-- the recorded definition of the periods of a counter per period (refused for another counter)
+SELECT s.definition -> 'bucket' FROM pgcounters._bucket(%(name)s) AS b, pgcounters.specs AS s
+ WHERE s.name = %(name)s;

@@ -29,6 +29,7 @@ from pgcounters.demos.bench import (
     drain_keys,
     hot,
     quota,
+    ranges,
     sqlincr,
     width,
     worker_cost,
@@ -89,6 +90,7 @@ SCENARIOS: dict[str, Runner] = {
     "counters-per-table": width.counters_per_table,
     "worker-cost": worker_cost.worker_cost,
     "async": asyncapi.async_api,
+    "range-read": ranges.range_read,
 }
 
 ON_REQUEST = frozenset({"sharded"})

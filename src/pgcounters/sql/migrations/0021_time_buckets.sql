@@ -127,9 +127,9 @@ END;
 $$;
 
 -- Refuse (PCT01) a range that is not one: both ends given, from before to, and at
--- most 100000 periods (a century of days) between them.
+-- most 100000 periods between them; true for one that is.
 CREATE FUNCTION pgcounters._check_range(p_period text, p_from timestamptz, p_to timestamptz)
-RETURNS void
+RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v_longest interval := CASE p_period WHEN 'hour' THEN interval '100000 hours'
@@ -149,6 +149,7 @@ BEGIN
     IF p_to - p_from > v_longest THEN
         RAISE EXCEPTION 'a range spans at most 100000 periods' USING ERRCODE = 'PCT01';
     END IF;
+    RETURN true;
 END;
 $$;
 
@@ -169,9 +170,10 @@ END;
 $$;
 
 -- Exact values (stored + pending, one snapshot) of some keys of a counter; p_keys
--- are the texts of the keys' arrays, as the queues keep them. On a hot standby the
--- logged queue only (and an unlogged counter is refused, PCR01). Refused while the
--- counter is backfilled.
+-- are the texts of the keys' arrays, as the queues keep them. Each key is looked up
+-- in the indexes of the counters and of the queues. On a hot standby the logged
+-- queue only (and an unlogged counter is refused, PCR01). Refused while the counter
+-- is backfilled.
 CREATE FUNCTION pgcounters._exact_values(p_target pgcounters.targets, p_keys text[])
 RETURNS TABLE (key text[], value bigint)
 LANGUAGE plpgsql STABLE AS $$
@@ -179,29 +181,26 @@ BEGIN
     PERFORM pgcounters._backfilling(p_target.id);
     IF NOT pg_is_in_recovery() THEN
         RETURN QUERY
-            SELECT u.k::text[], sum(u.v)::bigint FROM (
-                SELECT c.key::text AS k, c.value AS v FROM pgcounters.counters AS c
-                 WHERE c.target_id = p_target.id AND c.key IN (SELECT k::text[] FROM unnest(p_keys) AS k)
-                UNION ALL
-                SELECT q.key, q.delta FROM pgcounters.queue AS q
-                 WHERE q.target_id = p_target.id AND q.key = ANY (p_keys)
-                UNION ALL
-                SELECT q.key, q.delta FROM pgcounters.queue_unlogged AS q
-                 WHERE q.target_id = p_target.id AND q.key = ANY (p_keys)) AS u
-             GROUP BY u.k;
+            SELECT k.k::text[],
+                   (coalesce((SELECT c.value FROM pgcounters.counters AS c
+                               WHERE c.target_id = p_target.id AND c.key = k.k::text[]), 0)
+                  + coalesce((SELECT sum(q.delta) FROM pgcounters.queue AS q
+                               WHERE q.target_id = p_target.id AND q.key = k.k), 0)
+                  + coalesce((SELECT sum(q.delta) FROM pgcounters.queue_unlogged AS q
+                               WHERE q.target_id = p_target.id AND q.key = k.k), 0))::bigint
+              FROM unnest(p_keys) AS k(k);
     ELSIF p_target.mode = 'unlogged' THEN
         RAISE EXCEPTION 'counter % is unlogged: its pending deltas exist only on the primary, '
                         'read it there (its stored value is readable here)', p_target.name
             USING ERRCODE = 'PCR01';
     ELSE
         RETURN QUERY
-            SELECT u.k::text[], sum(u.v)::bigint FROM (
-                SELECT c.key::text AS k, c.value AS v FROM pgcounters.counters AS c
-                 WHERE c.target_id = p_target.id AND c.key IN (SELECT k::text[] FROM unnest(p_keys) AS k)
-                UNION ALL
-                SELECT q.key, q.delta FROM pgcounters.queue AS q
-                 WHERE q.target_id = p_target.id AND q.key = ANY (p_keys)) AS u
-             GROUP BY u.k;
+            SELECT k.k::text[],
+                   (coalesce((SELECT c.value FROM pgcounters.counters AS c
+                               WHERE c.target_id = p_target.id AND c.key = k.k::text[]), 0)
+                  + coalesce((SELECT sum(q.delta) FROM pgcounters.queue AS q
+                               WHERE q.target_id = p_target.id AND q.key = k.k), 0))::bigint
+              FROM unnest(p_keys) AS k(k);
     END IF;
 END;
 $$;
