@@ -458,3 +458,29 @@ def test_drop_expired_buckets_skips_a_row_another_transaction_holds(conn: Conn, 
     assert pc.drop_expired_buckets() == 1
     with pytest.raises(InvalidArgument):
         pc.drop_expired_buckets(0)
+
+
+@pytest.mark.parametrize("zone", ["Europe/Paris", "America/New_York", "Asia/Kolkata", "UTC"])
+@pytest.mark.parametrize("period", ["hour", "day", "week", "month"])
+def test_the_client_makes_the_periods_the_database_makes(
+    conn: Conn, zone: str, period: str
+) -> None:
+    tz = ZoneInfo(zone)
+    ranges: list[tuple[dt.date, dt.date]] = [
+        (dt.date(2026, 3, 1), dt.date(2026, 4, 3)),
+        (dt.date(2026, 10, 20), dt.date(2026, 11, 9)),
+        (
+            dt.datetime(2026, 3, 29, 0, 40, tzinfo=UTC),
+            dt.datetime(2026, 3, 30, 5, 10, tzinfo=tz),
+        ),
+        (dt.datetime(2026, 10, 24, 21, 5, tzinfo=UTC), dt.date(2026, 11, 3)),
+        (dt.date(2026, 11, 2), dt.date(2026, 11, 2)),
+    ]
+    for start, end in ranges:
+        client = Counters(conn)._periods(period, zone, start, end)
+        lo = start if isinstance(start, dt.datetime) else dt.datetime.combine(start, dt.time(), tz)
+        hi = end if isinstance(end, dt.datetime) else dt.datetime.combine(end, dt.time(), tz)
+        database = conn.execute(
+            "SELECT bucket FROM pgcounters.bucket_periods(%s, %s, %s, %s)", (period, zone, lo, hi)
+        ).fetchall()
+        assert [text for _, text in client] == [r[0] for r in database], (start, end)

@@ -639,7 +639,7 @@ class _CounterPlans:
                     json.loads(found) if isinstance(found, str | bytes) else dict(found)
                 )
             period, zone = str(bucket.get("period")), str(bucket.get("time_zone"))
-            periods = bucket_periods(period, zone, _instant(start, zone), _instant(end, zone))
+            periods = self._periods(period, zone, start, end)
             if not periods:
                 return []
             params.update(
@@ -648,6 +648,11 @@ class _CounterPlans:
                 zone=zone,
                 keep=bucket.get("keep"),
                 buckets=[text for _, text in periods],
+                # the keys of the range lie between these (the key part of a period is of
+                # fixed width: the order of its text is the order of time)
+                low=[*params["key"], periods[0][1]],
+                high=[*params["key"], periods[-1][1]],
+                part=len(params["key"]) + 1,
             )
             statement = yield from self._read_query(counter, "get_series", "", True)
             rows = yield Execute(query(statement), params, "all", read=True)
@@ -669,6 +674,18 @@ class _CounterPlans:
         params["n"] = n
         rows = yield Execute(query("top_range"), params, "all", read=True)
         return [(decode_key(k, counter.key_types[:-1]), int(v)) for k, v in rows]
+
+    @staticmethod
+    def _periods(period: str, zone: str, start: dt.date, end: dt.date) -> list[tuple[dt.date, str]]:
+        """The periods that start in ``[start, end)``: their start and key part."""
+        if period != "hour" and not isinstance(start, dt.datetime):
+            if isinstance(end, dt.datetime):
+                end_day = end.astimezone(_zone(zone)).date()
+                end_day += dt.timedelta(days=int(_instant(end_day, zone) < end))
+            else:
+                end_day = end
+            return _day_periods(period, start, end_day)
+        return bucket_periods(period, zone, _instant(start, zone), _instant(end, zone))
 
     def _range_params(
         self,
@@ -1356,6 +1373,29 @@ def _instant(value: dt.date, zone: str) -> dt.datetime:
     if isinstance(value, dt.datetime):
         return value
     return dt.datetime.combine(value, dt.time(), _zone(zone))
+
+
+def _day_periods(period: str, start: dt.date, end: dt.date) -> list[tuple[dt.date, str]]:
+    """The days, weeks or months that start on a day of ``[start, end)`` (dates of the
+    counter's zone: no time zone rule is needed)."""
+    if start > end:
+        raise InvalidArgument(f"a range starts before it ends, got {start} to {end}")
+    if (end - start).days > MAX_PERIODS * {"week": 7, "month": 31}.get(period, 1):
+        raise InvalidArgument(f"a range spans at most {MAX_PERIODS} periods")
+    day = start
+    if period == "week" and day.weekday():
+        day += dt.timedelta(days=7 - day.weekday())
+    elif period == "month" and day.day != 1:
+        day = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+    step = dt.timedelta(days=7 if period == "week" else 1)
+    out: list[tuple[dt.date, str]] = []
+    while day < end:
+        out.append((day, day.isoformat()))
+        if period == "month":
+            day = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+        else:
+            day += step
+    return out
 
 
 def bucket_periods(
