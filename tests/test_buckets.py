@@ -17,6 +17,7 @@ from pgcounters import (
     AsyncWorker,
     Bucket,
     ColumnTarget,
+    CounterBackfilling,
     Counters,
     CounterSpec,
     Fragment,
@@ -484,3 +485,29 @@ def test_the_client_makes_the_periods_the_database_makes(
             "SELECT bucket FROM pgcounters.bucket_periods(%s, %s, %s, %s)", (period, zone, lo, hi)
         ).fetchall()
         assert [text for _, text in client] == [r[0] for r in database], (start, end)
+
+
+def test_the_online_backfill_counts_every_period_while_rows_are_written(
+    conn: Conn, dsn: str
+) -> None:
+    from pgcounters import backfill
+
+    _table(conn)
+    base = dt.datetime(2026, 10, 24, 20, tzinfo=UTC)
+    _insert(conn, [(a, base + dt.timedelta(hours=h)) for a in range(1, 30) for h in (0, 3, 5, 30)])
+    triggers.install(conn, [_spec(), _spec("per_hour", "hour", mode="unlogged")], backfill=False)
+    pc = Counters(conn)
+    with pytest.raises(CounterBackfilling):
+        pc.get_range("per_day", 1, dt.date(2026, 10, 24), dt.date(2026, 10, 27))
+    # batches of the backfill with writes of the application between them
+    with psycopg.connect(dsn, autocommit=True) as other:
+        while backfill.pending(other):
+            backfill.step(other, batch_size=7)
+            _insert(conn, [(3, base + dt.timedelta(hours=2)), (40, base)])
+    rows = conn.execute("SELECT article_id, created_at FROM comment").fetchall()
+    truth = Tally((a, _local_start(t, "day").date()) for a, t in rows)
+    for article in (1, 3, 40):
+        series = pc.get_series("per_day", article, dt.date(2026, 10, 24), dt.date(2026, 10, 27))
+        assert series == [(d, truth[(article, d)]) for d, _ in series]
+    assert verify(conn, "per_day").ok
+    assert verify(conn, "per_hour").ok
