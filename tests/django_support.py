@@ -8,12 +8,15 @@ written here by hand: it shares no code with the triggers, ``verify`` or
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterable
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from blog.models import Article, User
 from django.db.models import Count, Q, Sum
+from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
 
 import truth
 from ledger.models import Invoice, Line
@@ -24,6 +27,7 @@ from pgcounters.connection import Conn
 from pgcounters.contrib.django import declared_counters
 from pgcounters.contrib.django.db import psycopg_connection
 from press.models import Label, Story, Writer
+from timeline.models import Note
 
 
 def drain() -> None:
@@ -117,6 +121,7 @@ def orm_truths() -> list[truth.Truth]:
             },
         ),
         *press_truths(),
+        *_timeline_truths(),
         truth.from_rows(
             "oddnames.items.by_state",
             lambda conn: {
@@ -198,6 +203,61 @@ def generic_truths() -> list[truth.Truth]:
         )
     )
     return out
+
+
+def _timeline_truths() -> list[truth.Truth]:
+    """Notes per period: days, weeks and months by the ORM's Trunc in their zone; hours
+    from each note's time (the two 02:00 of the night Paris clocks go back stay two)."""
+    paris, new_york = ZoneInfo("Europe/Paris"), ZoneInfo("America/New_York")
+
+    def hours(conn: Conn) -> truth.Values:
+        out: truth.Values = {}
+        for post, at in Note.objects.filter(post__isnull=False).values_list("post", "created_at"):
+            local = at.astimezone(paris)
+            start = at.astimezone(dt.UTC) - dt.timedelta(
+                minutes=local.minute, seconds=local.second, microseconds=local.microsecond
+            )
+            key = (post, start.strftime("%Y-%m-%dT%H:%M:%SZ"))
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    return [
+        truth.from_rows(
+            "timeline.public_per_day",
+            lambda conn: {
+                (post, day.date()): n
+                for post, day, n in Note.objects.filter(public=True, post__isnull=False)
+                .annotate(day=TruncDay("created_at", tzinfo=paris))
+                .values("post", "day")
+                .annotate(n=Count("pk"))
+                .values_list("post", "day", "n")
+            },
+        ),
+        truth.from_rows("timeline.per_hour", hours),
+        truth.from_rows(
+            "timeline.score_per_week",
+            lambda conn: {
+                (post, week.date()): total
+                for post, week, total in Note.objects.filter(public=True, post__isnull=False)
+                .annotate(week=TruncWeek("created_at", tzinfo=paris))
+                .values("post", "week")
+                .annotate(total=Sum("score"))
+                .values_list("post", "week", "total")
+            },
+        ),
+        truth.from_rows(
+            "timeline.per_month",
+            lambda conn: {
+                (month.date(),): n
+                for month, n in Note.objects.annotate(
+                    month=TruncMonth("created_at", tzinfo=new_york)
+                )
+                .values("month")
+                .annotate(n=Count("pk"))
+                .values_list("month", "n")
+            },
+        ),
+    ]
 
 
 def assert_exact(*, stored: bool = False) -> None:

@@ -5,4 +5,12 @@ from __future__ import annotations
 from blogsite.settings import *  # noqa: F403
 from blogsite.settings import INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "oddnames", "members", "ledger", "press", "attached"]
+INSTALLED_APPS = [
+    *INSTALLED_APPS,
+    "oddnames",
+    "members",
+    "ledger",
+    "press",
+    "attached",
+    "timeline",
+]

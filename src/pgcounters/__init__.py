@@ -69,6 +69,7 @@ from pgcounters.quotas import AsyncQuotas, CallResult, Quota, QuotaLimit, Quotas
 from pgcounters.repair import RecountResult, VerifyResult, recount, verify
 from pgcounters.schema import install, upgrade
 from pgcounters.specs import (
+    Bucket,
     ColumnTarget,
     CounterSpec,
     Fragment,
@@ -110,6 +111,7 @@ __all__ = [  # noqa: RUF022
     "AsyncQuotas",
     # -- counters declared over tables, kept by triggers (install, drift, pause, uninstall
     #    are functions of the `triggers` namespace), checked and repaired by recount
+    "Bucket",
     "ColumnTarget",
     "CounterSpec",
     "Fragment",

@@ -30,9 +30,22 @@ from psycopg import errors as pg
 from pgcounters import schema
 from pgcounters.client import _CounterPlans, record_retry_plan
 from pgcounters.config import connection_failed, redact
-from pgcounters.errors import ConnectionFailed, PgCountersError, SchemaError, WorkerError
+from pgcounters.errors import (
+    ConnectionFailed,
+    PermissionDenied,
+    PgCountersError,
+    SchemaError,
+    WorkerError,
+)
 from pgcounters.plans import AsyncConn, run_async
-from pgcounters.worker import Worker, WorkerSettings, WorkerStats, _millis, _ops
+from pgcounters.worker import (
+    RETENTION_LIMIT,
+    Worker,
+    WorkerSettings,
+    WorkerStats,
+    _millis,
+    _ops,
+)
 
 logger = logging.getLogger("pgcounters.worker")
 
@@ -275,6 +288,13 @@ class AsyncWorker:
             busy = busy or batch_busy
         # a round that found a trickle of deltas lingers before the next, as the sync one
         self._core._trickle = got > 0
+        if self._core._retention_due(full):
+            try:
+                self._core._retention_done(
+                    await run_async(self._plans._drop_expired_buckets(RETENTION_LIMIT), conn)
+                )
+            except PermissionDenied as exc:
+                self._core._retention_refused(exc)
         self._core._end_round()
         return got, full, busy
 

@@ -9,6 +9,7 @@ implementation of each operation (see :mod:`pgcounters.plans`).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import logging
@@ -34,6 +35,7 @@ from pgcounters.errors import (
     InvalidArgument,
     InvalidCounterDefinition,
     InvalidDelta,
+    InvalidKey,
     ReplicaError,
     ReplicaNotCaughtUp,
     UnknownCounter,
@@ -207,6 +209,8 @@ class _CounterPlans:
 
     def __init__(self, *, check_schema: bool) -> None:
         self._cache: dict[str, Counter] = {}
+        # counters per period: the recorded definition of their periods, by name
+        self._buckets: dict[str, dict[str, Any]] = {}
         self._schema_checked = not check_schema
         self._direct_writes: bool | None = None
 
@@ -592,6 +596,144 @@ class _CounterPlans:
             return [(decode_key([str(k)], counter.key_types), int(v or 0)) for k, v in rows]
         rows = yield Execute(query("top_named"), {"t": counter.id, "n": n}, "all", read=True)
         return [(decode_key(k, counter.key_types), int(v)) for k, v in rows]
+
+    # -- counters per period ---------------------------------------------------
+
+    def _get_range(self, name: str, key: object, start: dt.date, end: dt.date) -> Plan[int]:
+        """The exact value of a counter per period over the periods that start in
+        ``[start, end)``, for ``key`` (its key without the period), in one statement.
+
+        ``start`` and ``end`` are aware datetimes, or dates (their midnight in the
+        counter's time zone): the last 7 days of a daily counter are
+        ``(today - 6 days, today + 1 day)``. Periods no longer kept read 0.
+        """
+        # the values of the periods, added here: as exact as their sum in SQL, and cheaper
+        return sum(v for _, v in (yield from self._range_rows(name, key, start, end)))
+
+    def _get_series(
+        self, name: str, key: object, start: dt.date, end: dt.date
+    ) -> Plan[list[tuple[dt.date, int]]]:
+        """One exact value per period that starts in ``[start, end)`` for ``key``,
+        zero-filled, in time order, in one statement (a chart's series).
+
+        Each period is named by its start in the counter's time zone: a date for a
+        day, week or month, an aware datetime for an hour.
+        """
+        return (yield from self._range_rows(name, key, start, end))
+
+    def _range_rows(
+        self, name: str, key: object, start: dt.date, end: dt.date
+    ) -> Plan[list[tuple[dt.date, int]]]:
+        """The periods of a range and their exact values, from one statement: the keys
+        are made here from the counter's recorded periods (looked up once per client),
+        and the statement checks they are still the counter's."""
+        counter = yield from self._integer(name)
+        params = yield from self._range_params(name, key, start, end, counter=counter)
+        for attempt in range(2):
+            bucket = self._buckets.get(name)
+            if bucket is None or attempt:
+                row = yield Execute(query("bucket_of"), {"name": name}, "one", read=True)
+                found = row[0] if row else {}
+                # a connection may load jsonb as its text (Django's does)
+                bucket = self._buckets[name] = (
+                    json.loads(found) if isinstance(found, str | bytes) else dict(found)
+                )
+            period, zone = str(bucket.get("period")), str(bucket.get("time_zone"))
+            periods = self._periods(period, zone, start, end)
+            if not periods:
+                return []
+            params.update(
+                bucket=json.dumps(bucket),
+                period=period,
+                zone=zone,
+                keep=bucket.get("keep"),
+                buckets=[text for _, text in periods],
+                # the keys of the range lie between these (the key part of a period is of
+                # fixed width: the order of its text is the order of time)
+                low=[*params["key"], periods[0][1]],
+                high=[*params["key"], periods[-1][1]],
+                part=len(params["key"]) + 1,
+            )
+            statement = yield from self._read_query(counter, "get_series", "", True)
+            rows = yield Execute(query(statement), params, "all", read=True)
+            if rows:
+                return [(periods[i - 1][0], int(v)) for i, v in rows]
+        raise InvalidCounterDefinition(f"counter {name} changed its periods while it was read")
+
+    def _top_range(
+        self, name: str, start: dt.date, end: dt.date, n: int = 10
+    ) -> Plan[list[tuple[Key, int]]]:
+        """The ``n`` keys (without the period) with the highest exact values over the
+        periods that start in ``[start, end)``, highest first, in one statement."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= BIGINT_MAX:
+            raise InvalidArgument(
+                f"n must be a non-negative int within the bigint range, got {n!r}"
+            )
+        counter = yield from self._integer(name)
+        params = yield from self._range_params(name, None, start, end, counter=counter, keyed=False)
+        params["n"] = n
+        rows = yield Execute(query("top_range"), params, "all", read=True)
+        return [(decode_key(k, counter.key_types[:-1]), int(v)) for k, v in rows]
+
+    @staticmethod
+    def _periods(period: str, zone: str, start: dt.date, end: dt.date) -> list[tuple[dt.date, str]]:
+        """The periods that start in ``[start, end)``: their start and key part."""
+        if period != "hour" and not isinstance(start, dt.datetime):
+            if isinstance(end, dt.datetime):
+                end_day = end.astimezone(_zone(zone)).date()
+                end_day += dt.timedelta(days=int(_instant(end_day, zone) < end))
+            else:
+                end_day = end
+            return _day_periods(period, start, end_day)
+        return bucket_periods(period, zone, _instant(start, zone), _instant(end, zone))
+
+    def _range_params(
+        self,
+        name: str,
+        key: object,
+        start: dt.date,
+        end: dt.date,
+        *,
+        counter: Counter | None = None,
+        keyed: bool = True,
+    ) -> Plan[dict[str, Any]]:
+        """The parameters of a read over a range: the key without its period part, the
+        ends as instants or as dates of the counter's zone."""
+        if counter is None:
+            counter = yield from self._integer(name)
+        if not counter.key_types:
+            raise InvalidCounterDefinition(f"counter {name} is not counted per period")
+        params: dict[str, Any] = {"name": name, "t": counter.id}
+        if keyed:
+            try:
+                params["key"] = encode_key(key, counter.key_types[:-1], name)
+            except InvalidKey:
+                # a counter that is not counted per period is refused for that first
+                yield Execute(query("bucket_of"), {"name": name}, "one", read=True)
+                raise
+        for label, value in (("start", start), ("end", end)):
+            if isinstance(value, dt.datetime):
+                if value.tzinfo is None or value.utcoffset() is None:
+                    raise InvalidArgument(
+                        f"{label} must be an aware datetime (or a date of the counter's "
+                        f"time zone), got the naive {value!r}"
+                    )
+                params[label], params[label + "_day"] = value, None
+            elif isinstance(value, dt.date):
+                params[label], params[label + "_day"] = None, value
+            else:
+                raise InvalidArgument(f"{label} must be a datetime or a date, got {value!r}")
+        return params
+
+    @staticmethod
+    def _drop_expired_buckets(limit: int = 10_000) -> Plan[int]:
+        """Delete at most ``limit`` stored values of periods that counters per period no
+        longer keep (their ``keep``), without waiting for a row another transaction
+        holds; returns how many were deleted. The worker calls it once a minute."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= INT_MAX:
+            raise InvalidArgument(f"limit must be a positive int below 2**31, got {limit!r}")
+        row = yield Execute(query("drop_expired_buckets"), {"limit": limit}, "one")
+        return int(row[0]) if row else 0
 
     def _integer(self, name: str) -> Plan[Counter]:
         """The counter, refused when it sums decimals (read as Decimals: ``*_decimal``)."""
@@ -1028,6 +1170,22 @@ class Counters(_CounterPlans):
     def top_decimal(self, name: str, n: int = 10) -> list[tuple[Key, Decimal]]:
         return self._run(self._top_decimal(name, n))
 
+    def get_range(self, name: str, key: object, start: dt.date, end: dt.date) -> int:
+        return self._run(self._get_range(name, key, start, end))
+
+    def get_series(
+        self, name: str, key: object, start: dt.date, end: dt.date
+    ) -> list[tuple[dt.date, int]]:
+        return self._run(self._get_series(name, key, start, end))
+
+    def top_range(
+        self, name: str, start: dt.date, end: dt.date, n: int = 10
+    ) -> list[tuple[Key, int]]:
+        return self._run(self._top_range(name, start, end, n))
+
+    def drop_expired_buckets(self, limit: int = 10_000) -> int:
+        return self._run(self._drop_expired_buckets(limit))
+
     def wal_position(self) -> str:
         return self._run(self._wal_position())
 
@@ -1165,6 +1323,22 @@ class AsyncCounters(_CounterPlans):
     async def top_decimal(self, name: str, n: int = 10) -> list[tuple[Key, Decimal]]:
         return await self._run(self._top_decimal(name, n))
 
+    async def get_range(self, name: str, key: object, start: dt.date, end: dt.date) -> int:
+        return await self._run(self._get_range(name, key, start, end))
+
+    async def get_series(
+        self, name: str, key: object, start: dt.date, end: dt.date
+    ) -> list[tuple[dt.date, int]]:
+        return await self._run(self._get_series(name, key, start, end))
+
+    async def top_range(
+        self, name: str, start: dt.date, end: dt.date, n: int = 10
+    ) -> list[tuple[Key, int]]:
+        return await self._run(self._top_range(name, start, end, n))
+
+    async def drop_expired_buckets(self, limit: int = 10_000) -> int:
+        return await self._run(self._drop_expired_buckets(limit))
+
     async def wal_position(self) -> str:
         return await self._run(self._wal_position())
 
@@ -1214,6 +1388,96 @@ share_docs(_CounterPlans, Counters, AsyncCounters)
 
 _MAX_TIMEOUT = (2**31 - 1) // 1000
 """The longest statement timeout PostgreSQL takes, in whole seconds."""
+
+
+MAX_PERIODS = 100_000
+"""The most periods a read over a range covers."""
+
+
+def _instant(value: dt.date, zone: str) -> dt.datetime:
+    """An end of a range as an instant: an aware datetime as it is, a date at its
+    midnight in the counter's zone."""
+    if isinstance(value, dt.datetime):
+        return value
+    return dt.datetime.combine(value, dt.time(), _zone(zone))
+
+
+def _day_periods(period: str, start: dt.date, end: dt.date) -> list[tuple[dt.date, str]]:
+    """The days, weeks or months that start on a day of ``[start, end)`` (dates of the
+    counter's zone: no time zone rule is needed)."""
+    if start > end:
+        raise InvalidArgument(f"a range starts before it ends, got {start} to {end}")
+    if (end - start).days > MAX_PERIODS * {"week": 7, "month": 31}.get(period, 1):
+        raise InvalidArgument(f"a range spans at most {MAX_PERIODS} periods")
+    day = start
+    if period == "week" and day.weekday():
+        day += dt.timedelta(days=7 - day.weekday())
+    elif period == "month" and day.day != 1:
+        day = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+    step = dt.timedelta(days=7 if period == "week" else 1)
+    out: list[tuple[dt.date, str]] = []
+    while day < end:
+        out.append((day, day.isoformat()))
+        if period == "month":
+            day = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+        else:
+            day += step
+    return out
+
+
+def bucket_periods(
+    period: str, zone: str, start: dt.datetime, end: dt.datetime
+) -> list[tuple[dt.date, str]]:
+    """The periods of a counter per period that start in ``[start, end)``, in time order:
+    each as its start in ``zone`` (a date for a day, week or month, an aware datetime
+    for an hour) and its key part, as ``pgcounters.bucket_periods`` makes them."""
+    if start > end:
+        raise InvalidArgument(f"a range starts before it ends, got {start} to {end}")
+    tz = _zone(zone)
+    out: list[tuple[dt.date, str]] = []
+    if period == "hour":
+        # every quarter of an hour (offsets are whole quarters), truncated to its hour
+        utc_start = start.astimezone(dt.UTC)
+        t = utc_start.replace(minute=utc_start.minute // 15 * 15, second=0, microsecond=0)
+        t -= dt.timedelta(hours=1)
+        if (end - t) / dt.timedelta(hours=1) > MAX_PERIODS + 2:
+            raise InvalidArgument(f"a range spans at most {MAX_PERIODS} periods")
+        seen: set[dt.datetime] = set()
+        while t < end:
+            local = t.astimezone(tz)
+            hour = t - dt.timedelta(minutes=local.minute)
+            if hour not in seen and start <= hour < end:
+                seen.add(hour)
+                out.append((hour.astimezone(tz), hour.strftime("%Y-%m-%dT%H:%M:%SZ")))
+            t += dt.timedelta(minutes=15)
+        return out
+    day = start.astimezone(tz).date()
+    if period == "week":
+        day -= dt.timedelta(days=day.weekday())
+    elif period == "month":
+        day = day.replace(day=1)
+    last = end.astimezone(tz).date()
+    if (last - day).days > MAX_PERIODS * {"week": 7, "month": 31}.get(period, 1):
+        raise InvalidArgument(f"a range spans at most {MAX_PERIODS} periods")
+    while day <= last:
+        began = dt.datetime.combine(day, dt.time(), tz)
+        if start <= began < end:
+            out.append((day, day.isoformat()))
+        if period == "day":
+            day += dt.timedelta(days=1)
+        elif period == "week":
+            day += dt.timedelta(days=7)
+        else:
+            day = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+    return out
+
+
+@functools.cache
+def _zone(name: str) -> dt.tzinfo:
+    """An IANA time zone (the zone of a counter per period)."""
+    import zoneinfo
+
+    return zoneinfo.ZoneInfo(name)
 
 
 def retry_reason(exc: BaseException) -> str:

@@ -31,6 +31,8 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PCC01": errors.CounterColumnWrite,
     "PCB01": errors.CounterBackfilling,
     "PC020": errors.CounterBroken,
+    # a range of periods that is not one (counters per period)
+    "PCT01": errors.InvalidArgument,
     # hot standbys (subclass R)
     "PCR01": errors.ReplicaError,
     # sharding through PL/Proxy (subclass S)

@@ -289,12 +289,35 @@ def _verify_named(spec: CounterSpec, target: int, sample: int | None) -> sql.Com
     limit: sql.Composable = sql.SQL("")
     if sample is not None:
         limit = sql.SQL("ORDER BY random() LIMIT {}").format(sql.Literal(sample))
+    kept = _kept_periods(spec)
+    if kept is not None:  # the periods a counter no longer keeps are not compared
+        limit = sql.SQL("WHERE {} {}").format(kept, limit)
     return _composed(
         "verify_named",
         truth=truth_query(spec),
         target=sql.Literal(target),
         pending=_pending(target),
         limit=limit,
+    )
+
+
+def _first_kept(spec: CounterSpec) -> sql.Composable:
+    """The key part of the first period a counter per period keeps (its ``keep``)."""
+    assert spec.bucket is not None
+    b = spec.bucket
+    period, zone = sql.Literal(b.period), sql.Literal(b.time_zone)
+    return sql.SQL("pgcounters.bucket_text({}, {}, pgcounters.bucket_horizon({}, {}, {}))").format(
+        period, zone, period, zone, sql.Literal(b.keep)
+    )
+
+
+def _kept_periods(spec: CounterSpec) -> sql.Composable | None:
+    """A condition on ``key`` (text[]) that holds for the periods a counter keeps;
+    None for a counter that keeps every value."""
+    if spec.bucket is None or spec.bucket.keep is None:
+        return None
+    return sql.SQL('key[{}] COLLATE "C" >= {} COLLATE "C"').format(
+        sql.Literal(len(spec.keys)), _first_kept(spec)
     )
 
 
@@ -628,6 +651,12 @@ def _named_keys(
             )
         ).fetchall()
     keys: list[list[str]] = [list(r[0]) for r in rows]
+    if _kept_periods(spec) is not None:
+        # periods a counter no longer keeps are not recounted (the worker deletes them)
+        with conn.transaction():
+            row = conn.execute(_composed("first_period_kept", kept=_first_kept(spec))).fetchone()
+        if row is not None and row[0] is not None:
+            keys = [key for key in keys if key[-1] >= row[0]]
     if key_range is not None and spec.keys:
         keys = [key for key in keys if _in_range(spec, key[0], key_range)]
     if cursor is not None:

@@ -27,7 +27,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, cast
+from typing import Any, Literal, TypeAlias, cast, get_args
 
 from psycopg import sql as pgsql
 
@@ -173,6 +173,101 @@ class NamedTarget:
 
 Target: TypeAlias = ColumnTarget | NamedTarget
 KeyExpr: TypeAlias = str | Fragment
+Period: TypeAlias = Literal["hour", "day", "week", "month"]
+PERIODS: tuple[Period, ...] = get_args(Period)
+
+
+def _zone_exists(name: str) -> bool:
+    import zoneinfo
+
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Count per period of a timestamp: the period becomes the last part of the key.
+
+    * ``column``: the column (or a :class:`Fragment`) of the source row whose time
+      says the period: a ``timestamptz`` (its time in ``time_zone``), a ``timestamp``
+      (read as wall-clock time in ``time_zone``) or a ``date``.
+    * ``period``: ``hour``, ``day``, ``week`` (starting on Monday) or ``month``, as
+      the calendar of ``time_zone`` has them (a day when clocks change has 23 or
+      25 hours), whatever the writing session's ``TimeZone``.
+    * ``time_zone``: an IANA time zone name (``"Europe/Paris"``).
+    * ``keep``: how many periods are kept, the current one included (None: all).
+      Older values read as 0 and the worker deletes them.
+
+    The key part is the local date a day, week or month starts on (key type
+    ``date``), or the UTC instant an hour starts at, ``'2026-03-29T01:00:00Z'``
+    (key type ``text``).
+    """
+
+    column: KeyExpr
+    period: Period = "day"
+    time_zone: str = "UTC"
+    keep: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.column, str):
+            check_identifier(self.column, "bucket column")
+        elif not isinstance(self.column, Fragment):
+            raise InvalidCounterDefinition(
+                f"a bucket's column is a column name or a Fragment: {self.column!r}"
+            )
+        if self.period not in PERIODS:
+            raise InvalidCounterDefinition(
+                f"period must be one of {', '.join(PERIODS)}, got {self.period!r}"
+            )
+        if not isinstance(self.time_zone, str) or not _zone_exists(self.time_zone):
+            raise InvalidCounterDefinition(
+                f"time_zone must be an IANA time zone name (e.g. 'Europe/Paris'), "
+                f"got {self.time_zone!r}"
+            )
+        if self.keep is not None and (
+            isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1
+        ):
+            raise InvalidCounterDefinition(
+                f"keep is a positive number of periods (or None: all), got {self.keep!r}"
+            )
+
+    @property
+    def key_type(self) -> KeyType:
+        """The type of the key part: ``text`` for an hour, ``date`` for longer periods."""
+        return "text" if self.period == "hour" else "date"
+
+    def expression(self) -> Fragment:
+        """The key part as SQL, keyed the same in every session."""
+        if isinstance(self.column, Fragment):
+            column, params = f"({self.column.sql})", self.column.params
+        else:
+            quoted = '"' + self.column.replace('"', '""') + '"'
+            column, params = quoted.replace("%", "%%"), ()
+        if self.period == "hour":
+            return Fragment(f"pgcounters.bucket_hour({column}, %s)", (*params, self.time_zone))
+        return Fragment(
+            f"pgcounters.bucket_date({column}, %s, %s)", (*params, self.period, self.time_zone)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        column = self.column.to_json() if isinstance(self.column, Fragment) else self.column
+        return {
+            "column": column,
+            "period": self.period,
+            "time_zone": self.time_zone,
+            "keep": self.keep,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Bucket:
+        column = data["column"]
+        if isinstance(column, dict):
+            column = Fragment(column["sql"], tuple(column.get("params", ())))
+        return cls(column, data["period"], data["time_zone"], data.get("keep"))
+
 
 MAX_VIA = 3  # tables a path may go through beyond the counted one
 
@@ -263,6 +358,9 @@ class CounterSpec:
     * ``mode``: ``queued`` (deltas go to the durable queue; default),
       ``unlogged`` (the unlogged queue) or ``direct`` (applied in the writing
       transaction: read-your-writes, but it locks the counter rows).
+    * ``bucket``: count per period of a timestamp (a :class:`Bucket`; a named
+      target only). The period is appended to ``keys`` (its expression) and to
+      the target's key types (``date``, or ``text`` for an hour).
     """
 
     name: str
@@ -274,6 +372,7 @@ class CounterSpec:
     mode: Mode
     scale: int | None
     via: tuple[Via, ...]
+    bucket: Bucket | None
     _fingerprint: str = field(repr=False, compare=False)
 
     def __init__(
@@ -287,6 +386,7 @@ class CounterSpec:
         mode: Mode = "queued",
         scale: int | None = None,
         via: Sequence[Via] = (),
+        bucket: Bucket | None = None,
     ) -> None:
         for attr, value in (
             ("name", name),
@@ -298,9 +398,28 @@ class CounterSpec:
             ("mode", mode),
             ("scale", scale),
             ("via", via),
+            ("bucket", bucket),
         ):
             object.__setattr__(self, attr, value)
+        self._add_bucket()
         self._validate()
+
+    def _add_bucket(self) -> None:
+        """A counter per period keys by its period last: its expression and key type."""
+        if self.bucket is None:
+            return
+        if not isinstance(self.bucket, Bucket):
+            raise InvalidCounterDefinition(f"bucket is a Bucket or None: {self.bucket!r}")
+        if not isinstance(self.target, NamedTarget):
+            raise InvalidCounterDefinition(
+                f"counter {self.name}: a counter per period is a named counter "
+                "(NamedTarget): a column holds one value per row"
+            )
+        keys = (self.keys,) if isinstance(self.keys, str | Fragment) else tuple(self.keys)
+        object.__setattr__(self, "keys", (*keys, self.bucket.expression()))
+        object.__setattr__(
+            self, "target", NamedTarget((*self.target.key_types, self.bucket.key_type))
+        )
 
     def _validate(self) -> None:
         try:
@@ -425,6 +544,8 @@ class CounterSpec:
             out["scale"] = self.scale
         if self.via:  # absent without a path: the fingerprints of other counters stay
             out["via"] = [step.to_json() for step in self.via]
+        if self.bucket is not None:  # absent without one: fingerprints stay
+            out["bucket"] = self.bucket.to_json()
         return out
 
     @classmethod
@@ -448,16 +569,25 @@ class CounterSpec:
             where = expr(data.get("where"))
             if isinstance(where, str):
                 raise InvalidCounterDefinition("where must be a Fragment")
+            keys = tuple(cast(KeyExpr, expr(k)) for k in data["keys"])
+            bucket = None
+            if data.get("bucket") is not None:
+                # recorded with the period's key part added: the spec adds it again
+                bucket = Bucket.from_json(data["bucket"])
+                keys = keys[:-1]
+                assert isinstance(target, NamedTarget)
+                target = NamedTarget(target.key_types[:-1])
             return cls(
                 name=data["name"],
                 source=Table(data["source"]["table"], data["source"]["schema"]),
                 target=target,
-                keys=tuple(cast(KeyExpr, expr(k)) for k in data["keys"]),
+                keys=keys,
                 where=where,
                 sum=expr(data.get("sum")),
                 mode=data.get("mode", "queued"),
                 scale=data.get("scale"),
                 via=tuple(Via.from_json(step) for step in data.get("via", ())),
+                bucket=bucket,
             )
         except (KeyError, TypeError) as exc:
             raise InvalidCounterDefinition(f"not a counter spec: {exc}") from None

@@ -171,6 +171,12 @@ class WorkerStats:
     last_batch_at: float | None = None
 
 
+RETENTION_EVERY = 60.0
+"""Seconds between two deletions of values of periods no longer kept (counters per period)."""
+RETENTION_LIMIT = 10_000
+"""The most values one deletion takes (a call that takes as many is followed by another)."""
+
+
 def _millis(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
@@ -222,6 +228,10 @@ class Worker:
         # the last round applied queued deltas without filling a batch, and ran no backfill
         # batch: the next waits the linger (a backfill goes on at once)
         self._trickle = False
+        # when (monotonic) the retention of counters per period runs next; off once the
+        # role turns out unable to run it
+        self._retention_at = 0.0
+        self._retention = True
 
     # -- public -------------------------------------------------------------
 
@@ -493,10 +503,38 @@ class Worker:
             except PermissionDenied as exc:
                 self._backfills = False
                 logger.warning("backfills left to others: %s (see `pgcounters grant`)", exc)
+        if self._retention_due(full):
+            try:
+                self._retention_done(pc.drop_expired_buckets(RETENTION_LIMIT))
+            except PermissionDenied as exc:
+                self._retention_refused(exc)
         if self._notifier.notify:
             self._notifier.flush(conn)  # changes held back by the rate limit, once due
         self._end_round()
         return got, full, busy
+
+    def _retention_due(self, full: bool) -> bool:
+        """Whether this round deletes values of periods no longer kept: once every
+        ``RETENTION_EVERY`` seconds, between full batches (and at once again while a
+        call finds a whole ``RETENTION_LIMIT`` of them)."""
+        return (
+            self._retention
+            and not full
+            and not self._stop.is_set()
+            and time.monotonic() >= self._retention_at
+        )
+
+    def _retention_done(self, deleted: int) -> None:
+        if deleted:
+            logger.info("deleted %d values of periods no longer kept", deleted)
+        more = deleted >= RETENTION_LIMIT
+        self._retention_at = time.monotonic() + (0.0 if more else RETENTION_EVERY)
+
+    def _retention_refused(self, exc: Exception) -> None:
+        self._retention = False
+        logger.warning(
+            "retention of counters per period left to others: %s (see `pgcounters grant`)", exc
+        )
 
     def _note_batch(self, batch: BatchResult, unlogged: bool) -> tuple[int, bool, bool]:
         """Count and log one drain batch: (deltas it settled, whether it was full, whether

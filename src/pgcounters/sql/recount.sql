@@ -191,3 +191,7 @@ UPDATE pgcounters.backfills SET stale_since = %s, stale_statements = %s WHERE na
 -- a batch of a backfill is done: move its cursor
 UPDATE pgcounters.backfills SET cursor_key = %s, keys_done = keys_done + %s, updated_at = now()
  WHERE name = %s;
+
+-- name: first_period_kept
+-- the key part of the first period a counter per period keeps ({kept})
+SELECT {kept};

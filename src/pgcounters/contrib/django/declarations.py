@@ -27,6 +27,8 @@ objects when the app registry is ready:
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -39,6 +41,7 @@ from pgcounters.client import Mode
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.keys import Key, KeyType
 from pgcounters.specs import (
+    Bucket,
     ColumnTarget,
     CounterSpec,
     Fragment,
@@ -570,9 +573,14 @@ class NamedCounter:
     sum: str | None = None
     mode: Mode = "queued"
     replica_writes: ReplicaWrites = "flag"
+    bucket: Bucket | None = None
+    """Counted per period of a date or time field (``Bucket.column`` names the field)."""
 
     def spec(self) -> CounterSpec:
         fields = [self.model._meta.get_field(k) for k in self.keys]
+        bucket = self.bucket
+        if bucket is not None and isinstance(bucket.column, str):
+            bucket = dataclasses.replace(bucket, column=_column(self.model, bucket.column))
         summed: str | None = None
         scale: int | None = None
         if self.sum is not None:
@@ -593,6 +601,7 @@ class NamedCounter:
             sum=summed,
             mode=self.mode,
             scale=scale,
+            bucket=bucket,
         )
 
     # reads and increments on Django's connection (pgcounters.contrib.django.counters)
@@ -630,6 +639,63 @@ class NamedCounter:
         from pgcounters.contrib.django import counters
 
         return counters.incr(self.name, key, delta, using=using)
+
+    # a counter per period: reads over a range of periods (see pgcounters.Counters)
+
+    def get_range(
+        self, key: object, start: dt.date, end: dt.date, *, using: str = "default"
+    ) -> int:
+        """The exact value for ``key`` (without the period) over the periods that start in
+        ``[start, end)`` (aware datetimes, or dates of the counter's time zone)."""
+        from pgcounters.contrib.django import counters
+
+        return counters.client(using).get_range(self.name, counters.key_of(key), start, end)
+
+    def get_series(
+        self, key: object, start: dt.date, end: dt.date, *, using: str = "default"
+    ) -> list[tuple[dt.date, int]]:
+        """One exact value per period that starts in ``[start, end)``, zero-filled."""
+        from pgcounters.contrib.django import counters
+
+        return counters.client(using).get_series(self.name, counters.key_of(key), start, end)
+
+    def top_range(
+        self, start: dt.date, end: dt.date, n: int = 10, *, using: str = "default"
+    ) -> list[tuple[Key, int]]:
+        """The ``n`` keys with the highest exact values over the periods of a range."""
+        from pgcounters.contrib.django import counters
+
+        return counters.client(using).top_range(self.name, start, end, n)
+
+    async def aget_range(
+        self, key: object, start: dt.date, end: dt.date, *, using: str = "default"
+    ) -> int:
+        """:meth:`get_range`, awaited."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.get_range, thread_sensitive=True)(
+            key, start, end, using=using
+        )
+
+    async def aget_series(
+        self, key: object, start: dt.date, end: dt.date, *, using: str = "default"
+    ) -> list[tuple[dt.date, int]]:
+        """:meth:`get_series`, awaited."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.get_series, thread_sensitive=True)(
+            key, start, end, using=using
+        )
+
+    async def atop_range(
+        self, start: dt.date, end: dt.date, n: int = 10, *, using: str = "default"
+    ) -> list[tuple[Key, int]]:
+        """:meth:`top_range`, awaited."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.top_range, thread_sensitive=True)(
+            start, end, n, using=using
+        )
 
     # the same from async code (awaited; on Django's connection, as its async ORM methods)
 
@@ -684,15 +750,23 @@ def register_counter(
     sum: str | None = None,
     mode: Mode = "queued",
     replica_writes: ReplicaWrites = "flag",
+    bucket: Bucket | None = None,
 ) -> NamedCounter:
     """Declare a named counter over ``model`` (global when ``keys`` is empty).
+
+    ``bucket``: count per period of a date or time field of ``model``, e.g.
+    ``Bucket("created_at", "day", time_zone="Europe/Paris")``: the period is the last
+    part of the key (read over a range with ``counters.get_range``, ``get_series``,
+    ``top_range``).
 
     ``replica_writes``: what the counter does with rows written with
     ``session_replication_role = replica`` (see :func:`pgcounters.triggers.set_replica_writes`);
     ``migrate`` applies it.
     """
+    if bucket is not None and not isinstance(bucket, Bucket):
+        raise InvalidCounterDefinition(f"bucket is a pgcounters.Bucket, got {bucket!r}")
     counter = NamedCounter(
-        name, model, tuple(keys), filter, sum, mode, _replica_writes(replica_writes)
+        name, model, tuple(keys), filter, sum, mode, _replica_writes(replica_writes), bucket
     )
     _named[name] = counter
     return counter

@@ -16,6 +16,8 @@ writes going on meanwhile do not show as drift. ``manage.py pgcounters verify
 
 from __future__ import annotations
 
+import datetime as dt
+import zoneinfo
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from typing import Any, cast
 
 from django.db import connections, models, transaction
 from django.db.models import Count, Sum
+from django.db.models.functions import Trunc
 
 from pgcounters.client import value_of
 from pgcounters.contrib.django.declarations import (
@@ -36,6 +39,7 @@ from pgcounters.contrib.django.declarations import (
 from pgcounters.errors import InvalidKey, UnknownCounter
 from pgcounters.keys import Key, KeyType, decode_key
 from pgcounters.repair import Mismatch, VerifyResult
+from pgcounters.specs import Bucket
 from pgcounters.sqlfiles import named
 
 
@@ -54,6 +58,7 @@ class _Declared:
     column: str = ""  # ... and the counter field
     scale: int | None = None  # an exact sum of decimals: its values in units of 10^-scale
     relation: str = ""  # a path, a many-to-many or a generic relation: counted from the parent
+    bucket: Bucket | None = None  # counted per period of a field (Bucket.column names it)
 
     def truth(self, using: str) -> dict[Key, Number]:
         """The ORM's own count (or sum) per key of the source rows."""
@@ -63,6 +68,8 @@ class _Declared:
         if self.filter is not None:
             rows = rows.filter(self.filter)
         aggregate = Count("pk") if self.sum is None else Sum(self.sum)
+        if self.bucket is not None:
+            return _per_period(self, rows, aggregate)
         if not self.keys:
             value = rows.aggregate(truth=aggregate)["truth"]
             return {(): _number(value)}
@@ -107,6 +114,53 @@ def _prefixed(q: models.Q, relation: str) -> models.Q:
 
 
 Number = int | Decimal
+
+
+def _per_period(counter: _Declared, rows: Any, aggregate: Any) -> dict[Key, Number]:
+    """The truth of a counter per period: days, weeks and months by the ORM's own
+    ``Trunc`` in the counter's time zone; hours from each row's time, in Python (the
+    ORM's ``TruncHour`` gives the two 02:00 of the night clocks go back one hour)."""
+    bucket = counter.bucket
+    assert bucket is not None
+    assert isinstance(bucket.column, str)
+    field = bucket.column
+    zone = zoneinfo.ZoneInfo(bucket.time_zone)
+    keys = counter.keys
+    for part in (*keys, field):  # a row with a NULL key part counts nowhere
+        rows = rows.exclude(**{f"{part}__isnull": True})
+    out: dict[Key, Number] = {}
+    if bucket.period != "hour":
+        model_field = counter.source._meta.get_field(field)
+        datetimes = isinstance(model_field, models.DateTimeField)
+        trunc = (
+            Trunc(field, bucket.period, output_field=models.DateField(), tzinfo=zone)
+            if datetimes
+            else Trunc(field, bucket.period, output_field=models.DateField())
+        )
+        grouped = (
+            rows.order_by()
+            .annotate(pgc_period=trunc)
+            .values(*keys, "pgc_period")
+            .annotate(truth=aggregate)
+        )
+        for row in grouped:
+            out[(*(row[k] for k in keys), row["pgc_period"])] = _number(row["truth"])
+        return out
+    summed = counter.sum
+    for row in rows.order_by().values(*keys, field, *([summed] if summed else [])):
+        instant: dt.datetime = row[field]
+        if not isinstance(instant, dt.datetime):
+            instant = dt.datetime.combine(instant, dt.time())
+        if instant.tzinfo is None:  # wall-clock time in the counter's zone
+            instant = instant.replace(tzinfo=zone)
+        local = instant.astimezone(zone)
+        start = instant.astimezone(dt.UTC) - dt.timedelta(
+            minutes=local.minute, seconds=local.second, microseconds=local.microsecond
+        )
+        hour: Key = (*(row[k] for k in keys), start.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        value = 1 if summed is None else _number(row[summed])
+        out[hour] = out.get(hour, 0) + value
+    return {k: v for k, v in out.items() if v or summed is None}
 
 
 def _number(value: Any) -> Number:
@@ -187,14 +241,16 @@ def _column_counters() -> Iterable[_Declared]:
 
 def _named_counter(counter: NamedCounter) -> _Declared:
     fields = [counter.model._meta.get_field(k) for k in counter.keys]
+    spec = counter.spec()
     return _Declared(
         name=counter.name,
         source=counter.model,
         keys=tuple(getattr(f, "attname", f.name) for f in fields),
-        key_types=tuple(key_type_of(f) for f in fields),  # type: ignore[arg-type]
+        key_types=spec.key_types,
         filter=counter.filter,
         sum=counter.sum,
-        scale=counter.spec().scale,
+        scale=spec.scale,
+        bucket=counter.bucket,
     )
 
 

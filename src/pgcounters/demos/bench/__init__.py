@@ -31,6 +31,7 @@ from pgcounters.demos.bench import (
     live,
     paths,
     quota,
+    ranges,
     sqlincr,
     width,
     worker_cost,
@@ -94,6 +95,7 @@ SCENARIOS: dict[str, Runner] = {
     "worker-cost": worker_cost.worker_cost,
     "async": asyncapi.async_api,
     "soak": live.soak,
+    "range-read": ranges.range_read,
 }
 
 ON_REQUEST = frozenset({"sharded", "soak"})
