@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models import Q
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 import truth
 from django_support import drain, press_truths
-from pgcounters import triggers
+from pgcounters import Counters, triggers
 from pgcounters.connection import Conn
 from pgcounters.contrib.django import Exact, declared_counters
 from pgcounters.contrib.django.db import dsn
@@ -26,6 +27,7 @@ from pgcounters.contrib.django.declarations import _path_fragment
 from pgcounters.contrib.django.orm_truth import verify_orm
 from pgcounters.errors import InvalidCounterDefinition
 from pgcounters.repair import recount, verify
+from pgcounters.specs import CounterSpec, NamedTarget
 from press.models import Label, Remark, Story, Writer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -189,6 +191,26 @@ def test_the_admin_lists_path_counters_with_their_queue(admin_client: Any) -> No
     assert public.where == "public.press_writer.public_remarks"
     assert public.__dict__["queued"] > 0
     assert listed["press.story.label_count"].where == "public.press_story.label_count"
+
+
+def test_a_many_to_many_counter_no_model_declares_goes_at_migrate(worker: Conn) -> None:
+    """The triggers of a counter over an automatic through table are installed by migrate,
+    not by a migration: when its declaration goes, migrate takes them away (and its values)."""
+    gone = CounterSpec(
+        name="press.story.gone",
+        source="press_story_labels",
+        keys=("story_id",),
+        target=NamedTarget(("bigint",)),
+    )
+    triggers.install(worker, [gone])
+    _, stories, _ = _seed()
+    assert Counters(worker).get(gone.name, stories[3].pk) == 4
+    call_command("migrate", verbosity=0)
+    assert gone.name not in {t.spec_name for t in triggers.installed(worker)}
+    assert gone.name not in {s.name for s in triggers.declared(worker)}
+    assert set(NAMES) <= {t.spec_name for t in triggers.installed(worker)}
+    stories[3].labels.clear()  # still counted by the declared ones
+    _judge(worker)
 
 
 # -- property: random sequences of ORM, bulk and raw-SQL writes -------------------------------

@@ -104,12 +104,26 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
 def _install_through_counters(conn: Any, using: str) -> None:
     """Install the triggers of the counters over a many-to-many's automatic through table
     (no migration holds that model), once their tables exist; idempotent. Their backfill
-    is requested here and runs with the others'."""
+    is requested here and runs with the others'. Such a counter no model declares any more
+    loses its triggers here (its values then go as any removed counter's)."""
+    from django.apps import apps
     from django.db import connections
 
     from pgcounters import triggers
     from pgcounters.contrib.django.declarations import declared_counters
 
+    through = {m._meta.db_table for m in apps.get_models(include_auto_created=True)}
+    through -= {m._meta.db_table for m in apps.get_models()}
+    names = {spec.name for _, spec in declared_counters()}
+    for name in sorted(
+        {
+            t.spec_name
+            for t in triggers.installed(conn)
+            # installed here (pgtrigger's names have its own prefix)
+            if t.table in through and t.spec_name not in names and t.trigger.startswith("pgc_")
+        }
+    ):
+        triggers.uninstall(conn, name)
     tables = set(connections[using].introspection.table_names())
     chosen = []
     for model, spec in declared_counters():
