@@ -437,3 +437,50 @@ def test_a_three_level_path_is_exact_through_moves_and_cascades(conn: Conn, mode
     truth.assert_drained(conn, [DEEP_TRUTH])
     assert verify(conn, DEEP).mismatches == []
     assert conn.execute("SELECT count(*) FROM t_note").fetchone() != (0,)
+
+
+def test_a_path_counter_per_day_takes_the_counted_rows_time(conn: Conn) -> None:
+    """Comments per author per day, through the articles, when both tables have a
+    `created_at`: the period is the comment's, not the article's (nor an ambiguous name)."""
+    import datetime as dt
+
+    from pgcounters.specs import Bucket
+
+    conn.execute(DDL)
+    conn.execute(
+        "ALTER TABLE blog_article ADD COLUMN created_at timestamptz NOT NULL"
+        " DEFAULT '2026-01-01 12:00+00';"
+        "ALTER TABLE blog_comment ADD COLUMN created_at timestamptz NOT NULL"
+        " DEFAULT '2026-03-05 12:00+00'"
+    )
+    name = "blog.author.comments_per_day"
+    triggers.install(
+        conn,
+        [
+            CounterSpec(
+                name=name,
+                source="blog_comment",
+                keys=("author_id",),
+                via=(Via("blog_article", link="article_id"),),
+                target=NamedTarget(("bigint",)),
+                bucket=Bucket("created_at", "day", time_zone="UTC"),
+            )
+        ],
+    )
+    conn.execute("INSERT INTO blog_article (id, author_id) VALUES (1, 1), (2, 2)")
+    conn.execute(
+        "INSERT INTO blog_comment (article_id, created_at) VALUES"
+        " (1, '2026-03-05 10:00+00'), (1, '2026-03-06 10:00+00'), (2, '2026-03-06 23:00+00')"
+    )
+    pc = Counters(conn)
+    day = dt.date(2026, 3, 5)
+    assert pc.get_series(name, 1, day, day + dt.timedelta(days=2)) == [
+        (day, 1),
+        (day + dt.timedelta(days=1), 1),
+    ]
+    assert pc.get_range(name, 2, day, day + dt.timedelta(days=2)) == 1
+    assert pc.get_range(name, 1, dt.date(2026, 1, 1), dt.date(2026, 1, 2)) == 0
+    conn.execute("UPDATE blog_article SET author_id = 2 WHERE id = 1")  # a move of the article
+    assert pc.get_range(name, 2, day, day + dt.timedelta(days=2)) == 3
+    assert pc.get_range(name, 1, day, day + dt.timedelta(days=2)) == 0
+    assert verify(conn, name).mismatches == []

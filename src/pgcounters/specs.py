@@ -239,12 +239,15 @@ class Bucket:
         """The type of the key part: ``text`` for an hour, ``date`` for longer periods."""
         return "text" if self.period == "hour" else "date"
 
-    def expression(self) -> Fragment:
-        """The key part as SQL, keyed the same in every session."""
+    def expression(self, table: str | None = None) -> Fragment:
+        """The key part as SQL, keyed the same in every session; ``table`` qualifies a
+        column name (a counter through a path joins tables that may share it)."""
         if isinstance(self.column, Fragment):
             column, params = f"({self.column.sql})", self.column.params
         else:
             quoted = '"' + self.column.replace('"', '""') + '"'
+            if table is not None:
+                quoted = '"' + table.replace('"', '""') + '".' + quoted
             column, params = quoted.replace("%", "%%"), ()
         if self.period == "hour":
             return Fragment(f"pgcounters.bucket_hour({column}, %s)", (*params, self.time_zone))
@@ -416,7 +419,10 @@ class CounterSpec:
                 "(NamedTarget): a column holds one value per row"
             )
         keys = (self.keys,) if isinstance(self.keys, str | Fragment) else tuple(self.keys)
-        object.__setattr__(self, "keys", (*keys, self.bucket.expression()))
+        # through a path, the column is the counted table's, which the path's SQL names
+        # by its own table name
+        table = Table.of(self.source).name if self.via else None
+        object.__setattr__(self, "keys", (*keys, self.bucket.expression(table)))
         object.__setattr__(
             self, "target", NamedTarget((*self.target.key_types, self.bucket.key_type))
         )
