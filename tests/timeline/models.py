@@ -53,3 +53,10 @@ score_per_week = register_counter(
 per_month = register_counter(
     "timeline.per_month", Note, bucket=Bucket("created_at", "month", time_zone="America/New_York")
 )
+# every note per post per day in UTC, the last 3 days kept (older values are deleted)
+recent_days = register_counter(
+    "timeline.recent_days",
+    Note,
+    keys=("post",),
+    bucket=Bucket("created_at", "day", time_zone="UTC", keep=3),
+)

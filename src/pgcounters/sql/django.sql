@@ -43,6 +43,12 @@ SELECT h.key, sum(h.value)::bigint FROM (
     UNION ALL SELECT key::text[], delta FROM pgcounters.queue_unlogged WHERE target_id = %(t)s
 ) AS h GROUP BY h.key;
 
+-- name: first_period_kept
+-- the key part (as text) of the first period a counter per period keeps: its period,
+-- time zone and number of periods kept
+SELECT pgcounters.bucket_text(%(period)s, %(zone)s,
+                              pgcounters.bucket_horizon(%(period)s, %(zone)s, %(keep)s));
+
 -- name: snapshot
 -- the comparison of the ORM's truth with pgcounters reads one snapshot
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;

@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ("pgcounters", "0023_time_buckets"),
+        ("pgcounters", "0024_static_drain"),
     ]
 
     operations = [
@@ -308,6 +308,72 @@ class Migration(migrations.Migration):
                     level="STATEMENT",
                     operation="TRUNCATE",
                     pgid="pgtrigger_pgc_timeline_per_month_1ebcd0_trn_cc82b",
+                    table="timeline_note",
+                    when="AFTER",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="note",
+            trigger=pgtrigger.compiler.Trigger(
+                name="pgc_timeline_recent_days_84b4fd_ins",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare="DECLARE _pgc_target integer;",
+                    func="    -- pgcounters spec fingerprint=1fe5420ba024fd2d event=insert name=timeline.recent_days\n    IF pgcounters.is_paused('timeline.recent_days') THEN\n        RETURN NULL;\n    END IF;\n    _pgc_target := pgcounters.ensure_target('timeline.recent_days', '{bigint,date}'::text[], 'queued');\n    INSERT INTO \"pgcounters\".\"queue\" (target_id, key, delta)\n    SELECT _pgc_target, n.key, n.delta FROM (SELECT d.key, d.delta FROM (SELECT ARRAY[((\"post_id\")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date(\"created_at\", 'day', 'UTC'))))]::text[] AS key, count(*)::bigint AS delta FROM \"pgc_new\" AS \"timeline_note\" WHERE (\"post_id\") IS NOT NULL AND ((pgcounters.bucket_date(\"created_at\", 'day', 'UTC'))) IS NOT NULL GROUP BY ((\"post_id\")::bigint), pgcounters.date_key((pgcounters.bucket_date(\"created_at\", 'day', 'UTC')))) AS d WHERE d.delta <> 0) AS n;\n    RETURN NULL;\n",
+                    hash="25894af84a278194ea911caf14d99ebafd8ac122",
+                    level="STATEMENT",
+                    operation="INSERT",
+                    pgid="pgtrigger_pgc_timeline_recent_days_84b4fd_ins_67170",
+                    referencing="REFERENCING NEW TABLE AS pgc_new ",
+                    table="timeline_note",
+                    when="AFTER",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="note",
+            trigger=pgtrigger.compiler.Trigger(
+                name="pgc_timeline_recent_days_84b4fd_upd",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare="DECLARE _pgc_target integer;",
+                    func='    -- pgcounters spec fingerprint=1fe5420ba024fd2d event=update name=timeline.recent_days\n    IF pgcounters.is_paused(\'timeline.recent_days\') THEN\n        RETURN NULL;\n    END IF;\n    _pgc_target := pgcounters.ensure_target(\'timeline.recent_days\', \'{bigint,date}\'::text[], \'queued\');\n    INSERT INTO "pgcounters"."queue" (target_id, key, delta)\n    SELECT _pgc_target, n.key, n.delta FROM (SELECT d.key, d.delta FROM (SELECT c.key, sum(c.delta)::bigint AS delta FROM (SELECT ARRAY[(("post_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_at", \'day\', \'UTC\'))))]::text[] AS key, -count(*)::bigint AS delta FROM "pgc_old" AS "timeline_note" WHERE ("post_id") IS NOT NULL AND ((pgcounters.bucket_date("created_at", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("post_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_at", \'day\', \'UTC\'))) UNION ALL SELECT ARRAY[(("post_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_at", \'day\', \'UTC\'))))]::text[] AS key, count(*)::bigint AS delta FROM "pgc_new" AS "timeline_note" WHERE ("post_id") IS NOT NULL AND ((pgcounters.bucket_date("created_at", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("post_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_at", \'day\', \'UTC\')))) AS c GROUP BY 1) AS d WHERE d.delta <> 0) AS n;\n    RETURN NULL;\n',
+                    hash="97fd228d67f37c53348e6e51bea289e196c3aa54",
+                    level="STATEMENT",
+                    operation="UPDATE",
+                    pgid="pgtrigger_pgc_timeline_recent_days_84b4fd_upd_c86c9",
+                    referencing="REFERENCING OLD TABLE AS pgc_old  NEW TABLE AS pgc_new ",
+                    table="timeline_note",
+                    when="AFTER",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="note",
+            trigger=pgtrigger.compiler.Trigger(
+                name="pgc_timeline_recent_days_84b4fd_del",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare="DECLARE _pgc_target integer;",
+                    func="    -- pgcounters spec fingerprint=1fe5420ba024fd2d event=delete name=timeline.recent_days\n    IF pgcounters.is_paused('timeline.recent_days') THEN\n        RETURN NULL;\n    END IF;\n    _pgc_target := pgcounters.ensure_target('timeline.recent_days', '{bigint,date}'::text[], 'queued');\n    INSERT INTO \"pgcounters\".\"queue\" (target_id, key, delta)\n    SELECT _pgc_target, n.key, n.delta FROM (SELECT d.key, d.delta FROM (SELECT ARRAY[((\"post_id\")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date(\"created_at\", 'day', 'UTC'))))]::text[] AS key, -count(*)::bigint AS delta FROM \"pgc_old\" AS \"timeline_note\" WHERE (\"post_id\") IS NOT NULL AND ((pgcounters.bucket_date(\"created_at\", 'day', 'UTC'))) IS NOT NULL GROUP BY ((\"post_id\")::bigint), pgcounters.date_key((pgcounters.bucket_date(\"created_at\", 'day', 'UTC')))) AS d WHERE d.delta <> 0) AS n;\n    RETURN NULL;\n",
+                    hash="f5aa321dd305f043ba3012f3a44e036303ff6225",
+                    level="STATEMENT",
+                    operation="DELETE",
+                    pgid="pgtrigger_pgc_timeline_recent_days_84b4fd_del_684b9",
+                    referencing="REFERENCING OLD TABLE AS pgc_old ",
+                    table="timeline_note",
+                    when="AFTER",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="note",
+            trigger=pgtrigger.compiler.Trigger(
+                name="pgc_timeline_recent_days_84b4fd_trn",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="    -- pgcounters spec fingerprint=1fe5420ba024fd2d event=truncate name=timeline.recent_days\n    IF pgcounters.is_paused('timeline.recent_days') THEN\n        RETURN NULL;\n    END IF;\n    PERFORM pgcounters.reset_target(pgcounters.ensure_target('timeline.recent_days', '{bigint,date}'::text[], 'queued'));\n    RETURN NULL;\n",
+                    hash="c41e5e09ddc8b8182c6ecf34e16256466ad0ba07",
+                    level="STATEMENT",
+                    operation="TRUNCATE",
+                    pgid="pgtrigger_pgc_timeline_recent_days_84b4fd_trn_7e34b",
                     table="timeline_note",
                     when="AFTER",
                 ),
