@@ -43,7 +43,7 @@ from pgcounters.contrib.sqlalchemy import (
     install_schema,
 )
 from pgcounters.errors import InvalidArgument, InvalidCounterDefinition, SchemaNotInstalled
-from pgcounters.specs import CounterSpec, NamedTarget
+from pgcounters.specs import CounterSpec, Fragment, NamedTarget
 from sqlalchemy_models import COUNTED, Article, Base, Comment, url
 from support import wait_for_lock_wait
 
@@ -454,3 +454,34 @@ def test_the_async_engine(dsn: str) -> None:
             await engine.dispose()
 
     asyncio.run(main())
+
+
+def test_dropping_a_path_counter_from_the_catalog_leaves_no_trigger_function(
+    engine: Engine,
+) -> None:
+    """A counter through a path has functions for its path's tables too: a drop that finds
+    its triggers in the catalog (no previous definition) removes every one of them."""
+    from pgcounters import triggers
+    from pgcounters.contrib.sqlalchemy import ddl
+    from pgcounters.specs import Via
+
+    spec = CounterSpec(
+        name="sa.comments_per_author",
+        source="sa_comment",
+        keys=(Fragment('"sa_article".id % %s', (3,)),),
+        via=(Via("sa_article", link="article_id"),),
+        target=NamedTarget(("bigint",)),
+    )
+    functions = (
+        "SELECT count(*) FROM pg_proc WHERE proname LIKE 'pgc\\_sa\\_comments\\_per\\_author%%'"
+    )
+    with engine.begin() as conn:
+        dbapi = conn.connection.driver_connection
+        assert isinstance(dbapi, psycopg.Connection)
+        triggers.install(dbapi, [spec])
+        runner = ddl.ConnectionRunner(conn)
+        assert runner.fetchall(functions)[0][0] > 4  # the counted table's and the path's
+        found = [t[:3] for t in ddl.triggers_of(runner)[spec.name]]
+        for statement in ddl.drop_statements(spec.name, None, found):
+            runner.execute(statement)
+        assert runner.fetchall(functions) == [(0,)]

@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 
 from pgcounters import schema, sqlfiles
 from pgcounters.compiler import (
+    ALL_VIA_EVENTS,
     EVENTS,
     GUARD_EVENTS,
     MARKER_RE,
@@ -220,7 +221,7 @@ def drop_statements(
             f"dropping counter {name} without a database connection needs its previous "
             "definition (previous=...): it says which tables its triggers are on"
         )
-    for event in EVENTS + GUARD_EVENTS:
+    for event in EVENTS + GUARD_EVENTS + ALL_VIA_EVENTS:  # a path's tables' triggers too
         statements.append(
             _text(
                 sql.SQL(sqlfiles.query("drop_trigger_function")).format(
