@@ -89,6 +89,17 @@ _CLOSE_ATTEMPTS = 3
 _MAX_BACKOFF = 30.0
 
 
+def _check_settings(max_pending: int, interval: float | None, max_buffered: int) -> None:
+    """Refuse a buffer's settings that are not positive numbers (interval: or None)."""
+    for label, value in (("max_pending", max_pending), ("max_buffered", max_buffered)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
+    if interval is not None and (
+        isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0
+    ):
+        raise ConfigurationError(f"interval must be a positive number or None, got {interval!r}")
+
+
 @dataclass
 class _Batch:
     flush_id: str
@@ -267,15 +278,7 @@ class BatchingCounters:
         buffer: str = "batching",
         on_error: Callable[[BaseException], object] | None = None,
     ) -> None:
-        for label, value in (("max_pending", max_pending), ("max_buffered", max_buffered)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
-        if interval is not None and (
-            isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0
-        ):
-            raise ConfigurationError(
-                f"interval must be a positive number or None, got {interval!r}"
-            )
+        _check_settings(max_pending, interval, max_buffered)
         self.max_pending = max_pending
         self.max_buffered = max_buffered
         self.interval = interval
@@ -558,15 +561,7 @@ class AsyncBatchingCounters:
     ) -> None:
         from pgcounters.client import AsyncCounters
 
-        for label, value in (("max_pending", max_pending), ("max_buffered", max_buffered)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
-        if interval is not None and (
-            isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0
-        ):
-            raise ConfigurationError(
-                f"interval must be a positive number or None, got {interval!r}"
-            )
+        _check_settings(max_pending, interval, max_buffered)
         self.client = AsyncCounters(database)
         self.max_pending = max_pending
         self.max_buffered = max_buffered
