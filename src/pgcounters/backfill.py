@@ -34,7 +34,7 @@ from psycopg.rows import tuple_row
 
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import InvalidArgument
+from pgcounters.errors import InvalidArgument, PermissionDenied
 from pgcounters.repair import (
     _composed,
     _create_named_rows,
@@ -137,11 +137,27 @@ def run(
     return done
 
 
-def step(conn: Conn, batch_size: int = 1000) -> int:
-    """One batch of the first pending backfill that is free; the keys it went through."""
+def step(
+    conn: Conn, batch_size: int = 1000, refused: dict[str, PermissionDenied] | None = None
+) -> int:
+    """One batch of the first pending backfill that is free; the keys it went through.
+
+    With ``refused``, a counter whose batch this role may not run (it may not read one of
+    the counter's tables: :class:`~pgcounters.errors.PermissionDenied`) is added to it with
+    its error and the next one is tried; a counter already in it is skipped. Without, the
+    error is raised.
+    """
     _check_batch_size(batch_size)
     for b in pending(conn):
-        keys, more = _batch(conn, b.name, batch_size)
+        if refused is not None and b.name in refused:
+            continue
+        try:
+            keys, more = _batch(conn, b.name, batch_size)
+        except PermissionDenied as exc:
+            if refused is None:
+                raise
+            refused[b.name] = exc
+            continue
         if keys or not more:
             return keys or 1  # a finished backfill counts as work done
     return 0

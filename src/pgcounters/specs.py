@@ -364,6 +364,10 @@ class CounterSpec:
     * ``bucket``: count per period of a timestamp (a :class:`Bucket`; a named
       target only). The period is appended to ``keys`` (its expression) and to
       the target's key types (``date``, or ``text`` for an hour).
+    * ``reads``: other tables a Fragment of ``keys``, ``where`` or ``sum`` reads (a
+      subquery's table, such as a generic relation's content type table). Nothing
+      is compiled from them: ``grant_worker`` gives the worker SELECT on them, so its
+      recounts and backfills may run the counting statement.
     """
 
     name: str
@@ -376,6 +380,7 @@ class CounterSpec:
     scale: int | None
     via: tuple[Via, ...]
     bucket: Bucket | None
+    reads: tuple[Table, ...]
     _fingerprint: str = field(repr=False, compare=False)
 
     def __init__(
@@ -390,6 +395,7 @@ class CounterSpec:
         scale: int | None = None,
         via: Sequence[Via] = (),
         bucket: Bucket | None = None,
+        reads: Sequence[Table | str] = (),
     ) -> None:
         for attr, value in (
             ("name", name),
@@ -402,6 +408,7 @@ class CounterSpec:
             ("scale", scale),
             ("via", via),
             ("bucket", bucket),
+            ("reads", reads),
         ):
             object.__setattr__(self, attr, value)
         self._add_bucket()
@@ -482,7 +489,22 @@ class CounterSpec:
         else:
             raise InvalidCounterDefinition(f"unknown target {self.target!r}")
         self._validate_via()
+        self._validate_reads()
         object.__setattr__(self, "_fingerprint", _digest(self.to_json()))
+
+    def _validate_reads(self) -> None:
+        if isinstance(self.reads, Table | str) or not isinstance(self.reads, Sequence):
+            raise InvalidCounterDefinition(
+                f"counter {self.name}: reads is a sequence of tables, got {self.reads!r}"
+            )
+        tables: list[Table] = []
+        for table in self.reads:
+            if not isinstance(table, Table | str):
+                raise InvalidCounterDefinition(
+                    f"counter {self.name}: reads is a sequence of tables, got {table!r}"
+                )
+            tables.append(Table.of(table))
+        object.__setattr__(self, "reads", tuple(tables))
 
     def _validate_via(self) -> None:
         if isinstance(self.via, Via) or not isinstance(self.via, Sequence):
@@ -552,6 +574,8 @@ class CounterSpec:
             out["via"] = [step.to_json() for step in self.via]
         if self.bucket is not None:  # absent without one: fingerprints stay
             out["bucket"] = self.bucket.to_json()
+        if self.reads:  # absent without one: fingerprints stay
+            out["reads"] = [{"schema": t.schema, "table": t.name} for t in self.reads]
         return out
 
     @classmethod
@@ -594,6 +618,7 @@ class CounterSpec:
                 scale=data.get("scale"),
                 via=tuple(Via.from_json(step) for step in data.get("via", ())),
                 bucket=bucket,
+                reads=tuple(Table(t["table"], t["schema"]) for t in data.get("reads", ())),
             )
         except (KeyError, TypeError) as exc:
             raise InvalidCounterDefinition(f"not a counter spec: {exc}") from None
@@ -696,6 +721,7 @@ def generic_relation(
         sum=sum,
         mode=mode,
         scale=scale,
+        reads=(ct,),  # the worker's recounts and backfills read it (grant_worker)
     )
 
 

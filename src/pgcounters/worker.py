@@ -220,6 +220,8 @@ class Worker:
         self._stats = WorkerStats(batch_size=self.settings.batch_size)
         self._batch_size = self.settings.batch_size
         self._backfills = True  # off once the role turns out unable to run them
+        # counters whose backfill this role may not run (it may not read their tables)
+        self._backfills_refused: dict[str, PermissionDenied] = {}
         self._listening = False
         self._summary = (time.monotonic(), 0, 0)
         # no backfill was pending when last looked: rounds that apply deltas look again
@@ -496,11 +498,22 @@ class Worker:
             # the queues are drained: one batch of a pending backfill, if any (while deltas
             # keep coming, looking for none costs a statement a round: once a second)
             try:
-                stepped = backfill.step(conn, min(self._batch_size, 1000))
+                known = len(self._backfills_refused)
+                stepped = backfill.step(
+                    conn, min(self._batch_size, 1000), refused=self._backfills_refused
+                )
+                for name, refusal in list(self._backfills_refused.items())[known:]:
+                    # that counter only: the others' backfills go on
+                    logger.warning(
+                        "backfill of %s left to others: %s (see `pgcounters grant`)",
+                        name,
+                        refusal,
+                    )
                 got += stepped
                 self._trickle = self._trickle and not stepped
                 self._no_backfill_until = now + 1.0 if not stepped else 0.0
             except PermissionDenied as exc:
+                # the role may not run backfills at all
                 self._backfills = False
                 logger.warning("backfills left to others: %s (see `pgcounters grant`)", exc)
         if self._retention_due(full):

@@ -4019,6 +4019,40 @@ LANGUAGE sql AS $$
         'GRANT EXECUTE ON FUNCTION pgcounters.drop_expired_buckets(integer) TO %I'])
 $$;
 
+-- The worker's SELECT on the other tables its recounts and backfills read (part of
+-- grant_worker): the tables of each counter's path (via) and those its conditions read
+-- (reads: a generic relation's content type table), with USAGE on their schemas.
+CREATE FUNCTION pgcounters._grant_worker_read_tables(p_role text) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_done text[] := '{}';
+    v_stmt text;
+    t record;
+BEGIN
+    FOR t IN
+        SELECT DISTINCT step ->> 'schema' AS s, step ->> 'table' AS r
+          FROM pgcounters.specs
+         CROSS JOIN LATERAL jsonb_array_elements(
+               CASE WHEN jsonb_typeof(definition -> 'via') = 'array'
+                    THEN definition -> 'via' ELSE '[]'::jsonb END
+               || CASE WHEN jsonb_typeof(definition -> 'reads') = 'array'
+                       THEN definition -> 'reads' ELSE '[]'::jsonb END) AS step
+         ORDER BY 1, 2
+    LOOP
+        IF t.s IS NULL OR t.r IS NULL OR to_regclass(format('%I.%I', t.s, t.r)) IS NULL THEN
+            CONTINUE;
+        END IF;
+        v_stmt := format('GRANT USAGE ON SCHEMA %I TO %I', t.s, p_role);
+        EXECUTE v_stmt;
+        v_done := v_done || v_stmt;
+        v_stmt := format('GRANT SELECT ON %I.%I TO %I', t.s, t.r, p_role);
+        EXECUTE v_stmt;
+        v_done := v_done || v_stmt;
+    END LOOP;
+    RETURN v_done;
+END;
+$$;
+
 CREATE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._grant_app_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
@@ -4160,6 +4194,7 @@ LANGUAGE sql AS $$
            || pgcounters._grant_worker_sliding(p_role)
            || pgcounters._grant_worker_direct_changes(p_role)
            || pgcounters._grant_worker_buckets(p_role)
+           || pgcounters._grant_worker_read_tables(p_role)
 $$;
 
 

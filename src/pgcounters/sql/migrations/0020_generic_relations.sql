@@ -268,6 +268,34 @@ REVOKE EXECUTE ON FUNCTION pgcounters.listen_direct_changes(),
     pgcounters.note_direct(integer, anyarray), pgcounters.object_id_bigint(text),
     pgcounters.object_id_uuid(text), pgcounters._cast_or_null(text, regtype) FROM PUBLIC;
 
+-- Roles granted before this version get the same rights: the triggers of a direct
+-- counter note its changes as the writer, so every application role (SELECT on
+-- quota_usage, which grant_app gives since version 6) may call note_direct and read
+-- text object ids; every worker role (DELETE on quota_usage, which grant_worker alone
+-- gives) also takes the change reports.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT o.rolname, a.privilege_type
+          FROM pg_catalog.pg_class AS c
+         CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+          JOIN pg_catalog.pg_roles AS o ON o.oid = a.grantee
+         WHERE c.oid = 'pgcounters.quota_usage'::regclass
+           AND a.grantee <> c.relowner
+           AND a.privilege_type IN ('SELECT', 'DELETE')
+         ORDER BY 1, 2
+    LOOP
+        IF r.privilege_type = 'SELECT' THEN
+            PERFORM pgcounters._grant_app_generic(r.rolname);
+        ELSE
+            PERFORM pgcounters._grant_worker_direct_changes(r.rolname);
+        END IF;
+    END LOOP;
+END;
+$$;
+
 -- drain_queue of version 17, noting its changes with json (same notes, cheaper).
 CREATE OR REPLACE FUNCTION pgcounters.drain_queue(
     p_limit integer DEFAULT 10000,

@@ -391,6 +391,40 @@ LANGUAGE sql AS $$
         'GRANT EXECUTE ON FUNCTION pgcounters.drop_expired_buckets(integer) TO %I'])
 $$;
 
+-- The worker's SELECT on the other tables its recounts and backfills read (part of
+-- grant_worker): the tables of each counter's path (via) and those its conditions read
+-- (reads: a generic relation's content type table), with USAGE on their schemas.
+CREATE FUNCTION pgcounters._grant_worker_read_tables(p_role text) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_done text[] := '{}';
+    v_stmt text;
+    t record;
+BEGIN
+    FOR t IN
+        SELECT DISTINCT step ->> 'schema' AS s, step ->> 'table' AS r
+          FROM pgcounters.specs
+         CROSS JOIN LATERAL jsonb_array_elements(
+               CASE WHEN jsonb_typeof(definition -> 'via') = 'array'
+                    THEN definition -> 'via' ELSE '[]'::jsonb END
+               || CASE WHEN jsonb_typeof(definition -> 'reads') = 'array'
+                       THEN definition -> 'reads' ELSE '[]'::jsonb END) AS step
+         ORDER BY 1, 2
+    LOOP
+        IF t.s IS NULL OR t.r IS NULL OR to_regclass(format('%I.%I', t.s, t.r)) IS NULL THEN
+            CONTINUE;
+        END IF;
+        v_stmt := format('GRANT USAGE ON SCHEMA %I TO %I', t.s, p_role);
+        EXECUTE v_stmt;
+        v_done := v_done || v_stmt;
+        v_stmt := format('GRANT SELECT ON %I.%I TO %I', t.s, t.r, p_role);
+        EXECUTE v_stmt;
+        v_done := v_done || v_stmt;
+    END LOOP;
+    RETURN v_done;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION pgcounters.grant_app(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._grant_app_without_decimals(p_role) || pgcounters._grant_decimals(p_role)
@@ -406,6 +440,36 @@ LANGUAGE sql AS $$
            || pgcounters._grant_worker_sliding(p_role)
            || pgcounters._grant_worker_direct_changes(p_role)
            || pgcounters._grant_worker_buckets(p_role)
+           || pgcounters._grant_worker_read_tables(p_role)
+$$;
+
+-- Roles granted before this version get the same rights: the triggers of a counter per
+-- period call the key functions as the writer, so every application role (SELECT on
+-- quota_usage, which grant_app gives since version 6) may call them; every worker role
+-- (DELETE on quota_usage, which grant_worker alone gives) also drops expired periods and
+-- reads the tables of paths and generic relations.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT o.rolname, a.privilege_type
+          FROM pg_catalog.pg_class AS c
+         CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+          JOIN pg_catalog.pg_roles AS o ON o.oid = a.grantee
+         WHERE c.oid = 'pgcounters.quota_usage'::regclass
+           AND a.grantee <> c.relowner
+           AND a.privilege_type IN ('SELECT', 'DELETE')
+         ORDER BY 1, 2
+    LOOP
+        IF r.privilege_type = 'SELECT' THEN
+            PERFORM pgcounters._grant_app_buckets(r.rolname);
+        ELSE
+            PERFORM pgcounters._grant_worker_buckets(r.rolname);
+            PERFORM pgcounters._grant_worker_read_tables(r.rolname);
+        END IF;
+    END LOOP;
+END;
 $$;
 
 -- No function of this version is executable by PUBLIC.
@@ -422,5 +486,6 @@ REVOKE EXECUTE ON FUNCTION pgcounters.bucket_date(timestamptz, text, text),
     pgcounters.get_range(text, text[], timestamptz, timestamptz),
     pgcounters.top_range(text, timestamptz, timestamptz, bigint),
     pgcounters.drop_expired_buckets(integer),
-    pgcounters._grant_app_buckets(text), pgcounters._grant_worker_buckets(text)
+    pgcounters._grant_app_buckets(text), pgcounters._grant_worker_buckets(text),
+    pgcounters._grant_worker_read_tables(text)
     FROM PUBLIC;
