@@ -8,10 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import os
 import random
+import re
+import signal
 import socket
+import subprocess
+import sys
 from collections import Counter as Tally
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +27,6 @@ import uvicorn
 from alembic import command
 from fastapi import FastAPI
 
-from newsroom.__main__ import _with_database
 from newsroom.app import Settings, create_app
 from newsroom.db import API_QUOTA, VIEWS
 from newsroom.migrate import alembic_config, upgrade
@@ -89,9 +94,48 @@ def test_migrations_install_everything_on_an_empty_database_and_twice_is_a_no_op
     assert _state(empty_dsn)[:4] == state[:4]
 
 
-def test_the_database_given_to_the_embedded_server_is_named_newsroom() -> None:
-    dsn = _with_database("host=127.0.0.1 port=5 user=postgres dbname=postgres", "newsroom")
-    assert psycopg.conninfo.conninfo_to_dict(dsn)["dbname"] == "newsroom"
+def test_python_m_newsroom_migrates_serves_and_stops_on_a_signal(empty_dsn: str) -> None:
+    service = Path(__file__).resolve().parent.parent / "examples" / "service"
+    env = {**os.environ, "PGCOUNTERS_DSN": empty_dsn}
+    env.pop("DATABASE_URL", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "newsroom", "--port", "0", "--api-rate", "2/day"],
+        cwd=service,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # printed once migrated and listening
+        found = re.search(r"listening on (http://127\.0\.0\.1:\d+/)", line)
+        assert found is not None, line + (process.stderr.read() if process.stderr else "")
+        base = found.group(1)
+        with httpx.Client(base_url=base) as client:
+            made = client.post("/articles", json={"title": "hello"})
+            assert made.status_code == 201
+            article = made.json()["id"]
+            assert client.put(f"/articles/{article}/likes/ann").json()["changed"] is True
+            assert client.get(f"/articles/{article}").json()["likes"] == 1
+            codes = [
+                client.get(f"/api/articles/{article}/stats", headers={"X-Api-Key": "k"})
+                for _ in range(3)
+            ]
+            assert [r.status_code for r in codes] == [200, 200, 429]
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        assert out.strip() == "newsroom: stopped"
+        assert "Traceback" not in err
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    with psycopg.connect(empty_dsn) as conn:
+        views = Counters(conn).get(VIEWS, article)  # written by the lifespan on the way out
+        version = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    assert (views, version) == (1, ("0001",))
 
 
 @contextlib.asynccontextmanager

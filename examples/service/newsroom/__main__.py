@@ -71,7 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"newsroom: migrated; listening on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
         app = create_app(Settings(dsn=dsn, api_rate=args.api_rate))
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        server.run(sockets=[listener])
+        # on Ctrl-C or SIGTERM uvicorn shuts the application down (its lifespan writes the
+        # buffered views and stops the worker), then raises the signal again: here
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[listener])
+    print("newsroom: stopped", flush=True)
     return 0
 
 
