@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from newsroom.app import Settings, create_app
 from newsroom.migrate import HERE, upgrade
 from pgcounters import connect, dsn_from_env
-from pgcounters.config import database
+from pgcounters.config import database, redact
 
 DATABASE = "newsroom"
 
@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"newsroom: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
     with listener, service_database(args.data_dir) as dsn:
+        print(f"newsroom: database {redact(dsn)}", file=sys.stderr, flush=True)
         upgrade(dsn)
         host, port = listener.getsockname()[:2]
         print(f"newsroom: migrated; listening on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
