@@ -116,28 +116,24 @@ def create_app(settings: Settings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = engine_for(settings.dsn)
-        pool = AsyncConnectionPool(settings.dsn, min_size=2, max_size=8, open=False)
-        worker = AsyncWorker(settings.dsn) if settings.worker else None
-        try:
-            async with pool:
-                if worker is not None:
-                    worker.start()
-                try:
-                    views = AsyncBatchingCounters(pool, interval=settings.views_interval)
-                    async with views:  # on exit: the views still buffered are written
-                        app.state.quotas = AsyncQuotas(pool)  # for RateLimit
-                        app.state.newsroom = Resources(
-                            sessions=async_sessionmaker(engine, expire_on_commit=False),
-                            counters=AsyncCounters(pool),
-                            views=views,
-                        )
-                        yield
-                finally:
-                    if worker is not None:
-                        await worker.aclose()
-        finally:
-            await engine.dispose()
+        # closed in the reverse order on shutdown: the views still buffered are written,
+        # then the worker stops after its current batch, then the connections close
+        async with contextlib.AsyncExitStack() as stack:
+            engine = engine_for(settings.dsn)
+            stack.push_async_callback(engine.dispose)
+            pool = AsyncConnectionPool(settings.dsn, min_size=2, max_size=8, open=False)
+            await stack.enter_async_context(pool)
+            if settings.worker:
+                await stack.enter_async_context(AsyncWorker(settings.dsn))
+            views = AsyncBatchingCounters(pool, interval=settings.views_interval)
+            await stack.enter_async_context(views)
+            app.state.quotas = AsyncQuotas(pool)  # where RateLimit finds its quotas
+            app.state.newsroom = Resources(
+                sessions=async_sessionmaker(engine, expire_on_commit=False),
+                counters=AsyncCounters(pool),
+                views=views,
+            )
+            yield
 
     app = FastAPI(title="newsroom", lifespan=lifespan)
 
