@@ -1,8 +1,7 @@
-"""Articles, their likes, and the counters of likes and views.
+"""Articles and their likes: the tables.
 
-Written by ``alembic revision --autogenerate`` from ``newsroom/models.py`` (the tables,
-``op.install_pgcounters()`` and ``op.create_counter(...)`` of the declared
-``Article.like_count``), then given the event counter of views by hand.
+Written by ``alembic revision --autogenerate`` from ``newsroom/models.py``. Their counters
+come in the next revision, which counts the likes already written by then.
 
 Revision ID: 0001
 Revises:
@@ -16,33 +15,10 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-# adds op.install_pgcounters(), op.create_counter(), ...: operations registered at run time,
-# which a type checker does not see on `op` (hence the ignores below)
-import pgcounters.contrib.alembic  # noqa: F401
-
 revision: str = "0001"
 down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
-
-# Article.like_count as data: what this migration installs, whatever the models say later
-LIKE_COUNT = {
-    "version": 1,
-    "name": "article.like_count",
-    "source": {"schema": "public", "table": "article_like"},
-    "keys": ["article_id"],
-    "where": None,
-    "sum": None,
-    "mode": "queued",
-    "target": {
-        "kind": "column",
-        "schema": "public",
-        "table": "article",
-        "column": "like_count",
-        "key_column": "id",
-        "key_type": "bigint",
-    },
-}
 
 
 def upgrade() -> None:
@@ -61,20 +37,9 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["article_id"], ["article.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("article_id", "user_name"),
     )
-    # the pgcounters schema, in this migration's transaction
-    op.install_pgcounters()  # type: ignore[attr-defined]
-    # the triggers on article_like that keep article.like_count, and the count of the rows
-    # already there
-    op.create_counter(LIKE_COUNT)  # type: ignore[attr-defined]
-    # views: an event counter keyed by the article id, incremented by the service
-    op.execute("SELECT pgcounters.create_counter('article.views', ARRAY['bigint'])")
 
 
 def downgrade() -> None:
-    op.execute("SELECT pgcounters.drop_counter('article.views')")
-    op.drop_counter("article.like_count", previous=LIKE_COUNT)  # type: ignore[attr-defined]
-    # the schema stays: it may hold the counters of other applications
-    op.pgcounters_schema_stays()  # type: ignore[attr-defined]
     op.drop_table("article_like")
     op.drop_index(op.f("ix_article_like_count"), table_name="article")
     op.drop_table("article")
