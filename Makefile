@@ -56,3 +56,10 @@ blog: $(STAMP)
 	cd examples/blog && ../../$(BIN)/python manage.py migrate
 	cd examples/blog && ../../$(BIN)/python manage.py blog_seed
 	cd examples/blog && ../../$(BIN)/python manage.py runserver
+
+# The example service (examples/service): FastAPI + async SQLAlchemy + Alembic. Migrates, then
+# serves on http://127.0.0.1:8000/ (an embedded PostgreSQL in examples/service/pgcounters-data
+# unless PGCOUNTERS_DSN is set).
+.PHONY: service
+service: $(STAMP)
+	cd examples/service && ../../$(BIN)/python -m newsroom $(SERVICE_ARGS)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import gc
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
 import httpx
+import psycopg
 import pytest
 from fastapi import Depends, FastAPI
 from psycopg_pool import AsyncConnectionPool
@@ -25,7 +28,8 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from pgcounters import AsyncQuotas, Quotas
+import pgcounters.contrib.starlette as starlette_contrib
+from pgcounters import AsyncQuotas, Quotas, install
 from pgcounters.connection import Conn
 from pgcounters.contrib.starlette import RateLimit, quota_name
 from pgcounters.errors import ConfigurationError, InvalidQuotaDefinition
@@ -246,5 +250,44 @@ def test_bad_arguments_are_errors(dsn: str) -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             with pytest.raises(ConfigurationError, match=r"app\.state\.quotas"):
                 await client.get("/")
+
+    asyncio.run(main())
+
+
+def test_a_client_at_the_address_of_a_dead_one_gets_its_quota_defined(
+    dsn: str, another_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One dependency (a module's) serving one lifespan after another, each with its own
+    AsyncQuotas on its own database, as a test suite with a database per test does: the
+    quota is defined in each database. CPython gives a new object the address of one that
+    is gone, so a client must not be remembered by ``id()``: here every object has the same
+    one, as the second client has the first's address when the allocator reuses it."""
+    monkeypatch.setattr(starlette_contrib, "id", lambda _: 1, raising=False)
+    with psycopg.connect(another_empty_dsn) as conn:
+        install(conn)
+        conn.commit()
+    app = FastAPI()
+
+    @app.get("/x", dependencies=[Depends(RateLimit("2/minute", key="ip"))])
+    async def x() -> str:
+        return "ok"
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app, client=("10.0.0.1", 40000))
+        async with (
+            AsyncConnectionPool(dsn, open=False) as first,
+            AsyncConnectionPool(another_empty_dsn, open=False) as second,
+            httpx.AsyncClient(transport=transport, base_url="http://test") as client,
+        ):
+            app.state.quotas = AsyncQuotas(first, clock=lambda: T0)
+            assert (await client.get("/x")).status_code == 200
+            gone = weakref.ref(app.state.quotas)
+            del app.state.quotas
+            gc.collect()
+            assert gone() is None  # the dependency does not keep a client alive
+            app.state.quotas = AsyncQuotas(second, clock=lambda: T0)
+            response = await client.get("/x")
+            assert response.status_code == 200, response.text
+            assert response.headers["RateLimit-Remaining"] == "1"
 
     asyncio.run(main())

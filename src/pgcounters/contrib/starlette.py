@@ -14,6 +14,7 @@ decides, so no two requests can take the same last unit.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TypeAlias
 
@@ -123,7 +124,9 @@ class RateLimit:
         self.headers: HeaderStyle = headers
         self.ip_header = ip_header
         self.block = block
-        self._defined: set[int] = set()
+        # the clients the quota was defined through: held weakly, not by id(), which a
+        # new client (of another database, say) may get once the old one is gone
+        self._defined: weakref.WeakSet[AsyncQuotas] = weakref.WeakSet()
 
     def _quotas_of(self, request: Request) -> AsyncQuotas:
         if self.quotas is not None:
@@ -148,9 +151,9 @@ class RateLimit:
                 subject = subject_for(request.scope, self.key, self.ip_header)
             if subject is not None:
                 quotas = self._quotas_of(request)
-                if id(quotas) not in self._defined:
+                if quotas not in self._defined:
                     await quotas.define_quota(self.quota, self.calls, window=self.window)
-                    self._defined.add(id(quotas))
+                    self._defined.add(quotas)
                 units = self.cost(request) if callable(self.cost) else self.cost
                 result = await quotas.register_call(self.quota, subject, units)
         request.state.ratelimit = result
