@@ -8,6 +8,7 @@ installed, and gives each test its own database cloned from that template.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -41,11 +42,12 @@ def server_dsn() -> Iterator[str]:
         return
     folder = Path(tempfile.mkdtemp(prefix="pgcounters-test-")) / "data"
     server = EmbeddedPostgres(folder, settings=FAST_SETTINGS)
-    server.start()
     try:
+        server.start()
         yield server.dsn()
     finally:
         server.stop()
+        shutil.rmtree(folder.parent, ignore_errors=True)  # each run's cluster, hundreds of MB
 
 
 def _create_db(server_dsn: str, name: str, template: str) -> None:
