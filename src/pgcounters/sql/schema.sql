@@ -4078,9 +4078,13 @@ CREATE TABLE pgcounters.direct_changes (
 -- meanwhile. One look at the sessions' status (once per transaction), only while a
 -- registration exists.
 CREATE FUNCTION pgcounters._direct_listened() RETURNS boolean
-LANGUAGE sql AS $$
-    SELECT EXISTS (SELECT 1 FROM pgcounters.change_listeners AS l
-                    WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(l.pid)))
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- plpgsql: its plan is kept for the session (a SQL function's would be made again
+    -- in each writing transaction)
+    RETURN EXISTS (SELECT 1 FROM pgcounters.change_listeners AS l
+                    WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(l.pid)));
+END;
 $$;
 
 -- The direct triggers of counter columns note the keys of the parent rows a statement
