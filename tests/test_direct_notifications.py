@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgcounters import AsyncCounters, Counters, security, triggers
+from pgcounters import AsyncCounters, Counters, security, status, triggers
 from pgcounters.async_worker import AsyncWorker
 from pgcounters.connection import Conn
 from pgcounters.notifications import (
@@ -435,3 +435,20 @@ def test_add_direct_reports_the_keys_whose_sum_changed(conn: Conn, pc: Counters)
         " FROM pgcounters.targets AS t WHERE t.name = 'likes'"
     )
     assert take_direct(conn) == {"likes": {(2,)}}
+
+
+def test_status_shows_reporting_workers_and_the_notes_waiting(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    pc.create_counter("views", int, mode="direct")
+    listen_direct(conn)
+    _view_statements(conn, 3)
+    dead = psycopg.connect(dsn, autocommit=True)
+    listen_direct(dead)
+    _kill(conn, dead.info.backend_pid)
+    dead.close()
+    report = status.get_status(conn)
+    section = next(s for s in report.sections if s.name == "direct_changes")
+    assert section.as_json() == {"listening": 1, "gone": 1, "waiting": 3}
+    assert "1 reporting workers, 3 notes waiting at most" in status.text(report)
+    assert "pgcounters_direct_change_notes 3" in status.prometheus(report)
