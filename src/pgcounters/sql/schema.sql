@@ -4116,6 +4116,9 @@ CREATE FUNCTION pgcounters.listen_direct_changes() RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
 BEGIN
+    -- one registration change at a time (writers, which only read, are not held): a
+    -- worker leaving never drops the notes of one registering meanwhile
+    LOCK TABLE pgcounters.change_listeners IN SHARE ROW EXCLUSIVE MODE;
     DELETE FROM pgcounters.change_listeners AS l
      WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(l.pid));
     IF NOT EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
@@ -4137,6 +4140,7 @@ SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
 DECLARE
     v_left bigint;
 BEGIN
+    LOCK TABLE pgcounters.change_listeners IN SHARE ROW EXCLUSIVE MODE;
     DELETE FROM pgcounters.change_listeners AS l
      WHERE l.pid = pg_backend_pid()
         OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(l.pid));
