@@ -452,3 +452,20 @@ def test_status_shows_reporting_workers_and_the_notes_waiting(
     assert section.as_json() == {"listening": 1, "gone": 1, "waiting": 3}
     assert "1 reporting workers, 3 notes waiting at most" in status.text(report)
     assert "pgcounters_direct_change_notes 3" in status.prometheus(report)
+
+
+def test_the_notes_of_a_killed_worker_are_reported_by_the_next_reporting_worker(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    pc.create_counter("views", int, mode="direct")
+    dead = psycopg.connect(dsn, autocommit=True)
+    listen_direct(dead)
+    _view_statements(conn, 2)
+    _kill(conn, dead.info.backend_pid)
+    dead.close()
+    calls: list[Changes] = []
+    worker = Worker(dsn, FAST, on_change=calls.append)
+    with running(worker) as errors:
+        wait_for(lambda: _merged(calls).get("views") == {(0,), (1,)})
+        assert _listeners(conn) == 1
+    assert errors == []

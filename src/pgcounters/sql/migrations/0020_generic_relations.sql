@@ -94,8 +94,8 @@ $$;
 
 -- Register the calling session as a reporting worker (direct counters note their
 -- changes from now on), forgetting the registrations of sessions that are gone (a
--- worker killed) and, when none was alive, the notes nobody reported: returns the
--- number of workers registered.
+-- worker killed, or reconnecting: the notes it left are reported by the next one):
+-- returns the number of workers registered.
 CREATE FUNCTION pgcounters.listen_direct_changes() RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
@@ -105,9 +105,6 @@ BEGIN
     LOCK TABLE pgcounters.change_listeners IN SHARE ROW EXCLUSIVE MODE;
     DELETE FROM pgcounters.change_listeners AS l
      WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(l.pid));
-    IF NOT EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
-        DELETE FROM pgcounters.direct_changes;
-    END IF;
     INSERT INTO pgcounters.change_listeners (pid) VALUES (pg_backend_pid())
         ON CONFLICT (pid) DO NOTHING;
     RETURN (SELECT count(*) FROM pgcounters.change_listeners);
