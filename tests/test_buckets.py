@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import threading
 from collections import Counter as Tally
 from zoneinfo import ZoneInfo
@@ -445,6 +446,62 @@ def test_the_async_worker_deletes_periods_no_longer_kept(conn: Conn, dsn: str) -
             raise AssertionError("the old days were not deleted")
 
     asyncio.run(main())
+
+
+def _break_retention(conn: Conn) -> None:
+    """The retention of the counter fails (a time zone PostgreSQL does not know), the
+    drain does not (the triggers hold their own)."""
+    conn.execute(
+        "UPDATE pgcounters.specs SET definition = jsonb_set(definition, "
+        "'{bucket,time_zone}', '\"Nowhere/Nothing\"') WHERE name = 'per_day'"
+    )
+    with pytest.raises(psycopg.Error):
+        conn.execute("SELECT pgcounters.drop_expired_buckets()")
+
+
+def test_a_failing_retention_never_stops_the_worker_draining_and_reporting(
+    conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _old_and_new_days(conn)
+    _break_retention(conn)
+    calls: list[dict[str, set[Key]]] = []
+    settings = WorkerSettings(min_interval=0.01, max_interval=0.05, log_every=0)
+    worker = Worker(dsn, settings, on_change=calls.append)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.WARNING, "pgcounters.worker"):
+        thread.start()
+        try:
+            wait_for(lambda: queued(conn) == 0 and worker.get_stats().rounds > 3)
+            # later deltas too, and their changes are reported
+            _insert(conn, [(7, dt.datetime(2026, 11, 20, 12, tzinfo=PARIS))])
+            wait_for(lambda: any((7, dt.date(2026, 11, 20)) in c.get("per_day", ()) for c in calls))
+        finally:
+            worker.stop()
+            thread.join(timeout=60)
+    assert not thread.is_alive()
+    stats = worker.get_stats()
+    assert stats.errors == 0
+    assert stats.deltas == 6
+    assert len(_stored_days(conn)) == 6  # nothing deleted
+    assert "deleting values of periods no longer kept failed" in caplog.text
+
+
+def test_a_failing_retention_never_stops_the_async_worker(conn: Conn, dsn: str) -> None:
+    _old_and_new_days(conn)
+    _break_retention(conn)
+
+    async def main() -> None:
+        settings = WorkerSettings(min_interval=0.01, max_interval=0.05, log_every=0)
+        async with AsyncWorker(dsn, settings) as worker:
+            for _ in range(3000):
+                if queued(conn) == 0 and worker.get_stats().rounds > 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert worker.get_stats().errors == 0
+            assert worker.get_stats().rounds > 3
+
+    asyncio.run(main())
+    assert queued(conn) == 0
 
 
 def test_drop_expired_buckets_skips_a_row_another_transaction_holds(conn: Conn, dsn: str) -> None:

@@ -4,6 +4,7 @@ listeners as the drain's (the worker's callback, NOTIFY)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Iterator
@@ -13,7 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgcounters import Counters, security, triggers
+from pgcounters import AsyncCounters, Counters, security, status, triggers
+from pgcounters.async_worker import AsyncWorker
 from pgcounters.connection import Conn
 from pgcounters.notifications import (
     CHANNEL,
@@ -22,6 +24,7 @@ from pgcounters.notifications import (
     merge,
     parse_payload,
     take_direct,
+    take_direct_batch,
     unlisten_direct,
 )
 from pgcounters.specs import ColumnTarget, CounterSpec, NamedTarget
@@ -266,3 +269,203 @@ def test_a_granted_worker_role_reports_and_one_without_the_right_still_drains(
         assert errors == []
         assert "changes of direct-mode counters are not reported" in caplog.text
         assert _listeners(conn) == 0
+
+
+def _kill(conn: Conn, pid: int) -> None:
+    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    wait_for(lambda: _pid_gone(conn, pid))
+
+
+def test_a_killed_worker_leaves_no_notes_growing_and_the_next_worker_forgets_it(
+    dsn: str, blog: Conn, pc: Counters
+) -> None:
+    pc.create_counter("views", int, mode="direct")
+    dead = psycopg.connect(dsn, autocommit=True)
+    listen_direct(dead)
+    blog.execute("SELECT pgcounters.incr('views', ARRAY['1'], 1)")
+    assert _notes(blog) == 1
+    _kill(blog, dead.info.backend_pid)
+    dead.close()
+    # its registration is left behind, but nobody alive will report: nothing is noted
+    assert _listeners(blog) == 1
+    for i in range(100):
+        blog.execute("SELECT pgcounters.incr('views', ARRAY[%s], 1)", (str(i),))
+    blog.execute("INSERT INTO comment (article_id) VALUES (1)")
+    pc.incr("views", 7)
+    pc.incr_many([("views", 8, 1), ("article.comments", 2, 1)])
+    blog.execute(
+        "SELECT pgcounters.add_direct(ARRAY[t.id, t.id], ARRAY['{1}', '{2}'], ARRAY[1, 1])"
+        " FROM pgcounters.targets AS t WHERE t.name = 'views'"
+    )
+    assert _notes(blog) == 1
+    # any worker, reporting or not, forgets it as it sets up, and the note nobody reported
+    worker = Worker(dsn, FAST)
+    with running(worker) as errors:
+        wait_for(lambda: worker.get_stats().rounds > 0)
+        assert _listeners(blog) == 0
+        assert _notes(blog) == 0
+    assert errors == []
+
+
+def test_an_async_worker_forgets_the_registration_of_a_killed_worker(dsn: str, blog: Conn) -> None:
+    dead = psycopg.connect(dsn, autocommit=True)
+    listen_direct(dead)
+    _kill(blog, dead.info.backend_pid)
+    dead.close()
+    assert _listeners(blog) == 1
+
+    async def main() -> None:
+        async with AsyncWorker(dsn, FAST) as worker:
+            for _ in range(3000):
+                if worker.get_stats().rounds > 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert _listeners(blog) == 0
+
+    asyncio.run(main())
+
+
+def _view_statements(conn: Conn, n: int) -> None:
+    for i in range(n):
+        conn.execute("SELECT pgcounters.incr('views', ARRAY[%s], 1)", (str(i),))
+
+
+def test_a_worker_takes_direct_notes_at_once_while_takes_are_full(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    pc.create_counter("views", int, mode="direct")
+    listen_direct(conn)  # another reporting session: the notes wait for the worker
+    _view_statements(conn, 35)
+    calls: list[Changes] = []
+    # idle rounds an hour apart: only a full take makes the worker go on at once
+    slow = WorkerSettings(batch_size=10, min_interval=3600, max_interval=3600, log_every=0)
+    worker = Worker(dsn, slow, on_change=calls.append)
+    with running(worker) as errors:
+        wait_for(lambda: _notes(conn) == 0, timeout=30)
+        assert _merged(calls) == {"views": {(i,) for i in range(35)}}
+    assert errors == []
+
+
+def test_a_stopping_worker_reports_every_committed_note_first(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    pc.create_counter("views", int, mode="direct")
+    listen_direct(conn)
+    calls: list[Changes] = []
+    slow = WorkerSettings(batch_size=10, min_interval=3600, max_interval=3600, log_every=0)
+    worker = Worker(dsn, slow, on_change=calls.append)
+    with running(worker) as errors:
+        wait_for(lambda: worker.get_stats().rounds > 0 and _listeners(conn) == 2)
+        _view_statements(conn, 35)  # while the worker waits for its next round
+    assert errors == []
+    assert _merged(calls) == {"views": {(i,) for i in range(35)}}
+    assert _notes(conn) == 0
+    assert _listeners(conn) == 1
+
+
+def test_take_direct_batch_says_how_many_notes_it_took(conn: Conn, pc: Counters) -> None:
+    pc.create_counter("views", int, mode="direct")
+    listen_direct(conn)
+    for _ in range(3):
+        conn.execute("SELECT pgcounters.incr('views', ARRAY['5'], 1)")
+    assert take_direct_batch(conn, 2) == ({"views": {(5,)}}, 2)
+    assert take_direct_batch(conn, 2) == ({"views": {(5,)}}, 1)
+    assert take_direct_batch(conn, 2) == ({}, 0)
+
+
+def _client_writes_sync(pc: Counters) -> None:
+    pc.incr("views", 1, 1)  # the first increment of a key: the upsert
+    pc.incr("views", 1, 1)  # the row exists: the update
+    pc.incr("views", 2, 0)  # changes nothing
+    pc.incr("pairs", (1, "a"), 2)
+    pc.incr_many([("views", 3, 1), ("views", 4, 1), ("views", 5, 1), ("views", 5, -1)])
+    pc.incr("article.comments", 2, 1)  # a direct counter column
+    pc.incr_many([("article.comments", 3, 1), ("views", 6, 1)])
+
+
+async def _client_writes_async(pc: AsyncCounters) -> None:
+    await pc.incr("views", 1, 1)
+    await pc.incr("views", 1, 1)
+    await pc.incr("views", 2, 0)
+    await pc.incr("pairs", (1, "a"), 2)
+    await pc.incr_many([("views", 3, 1), ("views", 4, 1), ("views", 5, 1), ("views", 5, -1)])
+    await pc.incr("article.comments", 2, 1)
+    await pc.incr_many([("article.comments", 3, 1), ("views", 6, 1)])
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_direct_increments_through_the_python_client_are_reported(
+    dsn: str, blog: Conn, pc: Counters, flavour: str
+) -> None:
+    pc.create_counter("views", int, mode="direct")
+    pc.create_counter("pairs", (int, str), mode="direct")
+    listen_direct(blog)
+    if flavour == "sync":
+        with psycopg.connect(dsn, autocommit=True) as other:
+            client = Counters(other)
+            assert client.incr("views", 9, 1) == 1  # the role writes pgcounters.counters
+            _client_writes_sync(client)
+    else:
+
+        async def main() -> None:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+                client = AsyncCounters(other)
+                assert await client.incr("views", 9, 1) == 1
+                await _client_writes_async(client)
+
+        asyncio.run(main())
+    # one note per statement: 2 + 1 + 1 (incr_many: one statement) + 1 + 2 (a column's
+    # statement and the named counters' one), none for the increment of 0
+    assert _notes(blog) == 8
+    assert take_direct(blog) == {
+        "views": {(9,), (1,), (3,), (4,), (6,)},
+        "pairs": {(1, "a")},
+        "article.comments": {(2,), (3,)},
+    }
+    assert pc.get("views", 1) == 2
+    assert pc.get("article.comments", 3, exact=False) == 1
+
+
+def test_add_direct_reports_the_keys_whose_sum_changed(conn: Conn, pc: Counters) -> None:
+    pc.create_counter("likes", int, mode="direct")
+    listen_direct(conn)
+    conn.execute(
+        "SELECT pgcounters.add_direct(ARRAY[t.id, t.id, t.id, t.id], "
+        "ARRAY['{1}', '{1}', '{2}', '{3}'], ARRAY[1, -1, 1, 0])"
+        " FROM pgcounters.targets AS t WHERE t.name = 'likes'"
+    )
+    assert take_direct(conn) == {"likes": {(2,)}}
+
+
+def test_status_shows_reporting_workers_and_the_notes_waiting(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    pc.create_counter("views", int, mode="direct")
+    listen_direct(conn)
+    _view_statements(conn, 3)
+    dead = psycopg.connect(dsn, autocommit=True)
+    listen_direct(dead)
+    _kill(conn, dead.info.backend_pid)
+    dead.close()
+    report = status.get_status(conn)
+    section = next(s for s in report.sections if s.name == "direct_changes")
+    assert section.as_json() == {"listening": 1, "gone": 1, "waiting": 3}
+    assert "1 reporting workers, 3 notes waiting at most" in status.text(report)
+    assert "pgcounters_direct_change_notes 3" in status.prometheus(report)
+
+
+def test_the_notes_of_a_killed_worker_are_reported_by_the_next_reporting_worker(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    pc.create_counter("views", int, mode="direct")
+    dead = psycopg.connect(dsn, autocommit=True)
+    listen_direct(dead)
+    _view_statements(conn, 2)
+    _kill(conn, dead.info.backend_pid)
+    dead.close()
+    calls: list[Changes] = []
+    worker = Worker(dsn, FAST, on_change=calls.append)
+    with running(worker) as errors:
+        wait_for(lambda: _merged(calls).get("views") == {(0,), (1,)})
+        assert _listeners(conn) == 1
+    assert errors == []

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg
 
-from pgcounters import schema
+from pgcounters import notifications, schema
 from pgcounters.client import _CounterPlans, record_retry_plan
 from pgcounters.config import connection_failed, redact
 from pgcounters.errors import (
@@ -229,6 +229,11 @@ class AsyncWorker:
             },
         )
         await run_async(schema.check_plan(), conn)
+        # forget the registrations of reporting workers whose sessions are gone
+        try:
+            await conn.execute(notifications.statement("unlisten_direct_changes"))
+        except (pg.InsufficientPrivilege, pg.UndefinedFunction) as exc:
+            logger.debug("dead change listeners left to others: %s", str(exc).strip())
         self._listening = False
         if s.listen:
             await conn.execute(_ops("listen"))
@@ -295,6 +300,11 @@ class AsyncWorker:
                 )
             except PermissionDenied as exc:
                 self._core._retention_refused(exc)
+            except (PgCountersError, psycopg.Error) as exc:
+                # a failing retention never stops the drain: tried again later
+                if conn.broken or conn.closed or isinstance(exc, SchemaError):
+                    raise
+                self._core._retention_failed(exc)
         self._core._end_round()
         return got, full, busy
 

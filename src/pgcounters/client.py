@@ -378,17 +378,21 @@ class _CounterPlans:
             row = yield from self._applying(
                 fetch_one(
                     counter.composed("direct_column"),
-                    (_column_delta(counter, delta), encoded[0]),
+                    {
+                        "delta": _column_delta(counter, delta),
+                        "key": encoded[0],
+                        "target": counter.id,
+                    },
                 )
             )
             return None if row is None else counter.units(row[0])
         if (yield from self._writes_counters()):
             # an UPDATE when the row exists (one statement, like the naive way);
             # the first increment of a key creates it with the upsert
-            literal = array_literal(encoded)
-            row = yield Execute(query("direct_named_update"), (delta, counter.id, literal), "one")
+            params = {"delta": delta, "target": counter.id, "key": array_literal(encoded)}
+            row = yield Execute(query("direct_named_update"), params, "one")
             if row is None:
-                row = yield Execute(query("direct_named"), (counter.id, encoded, delta), "one")
+                row = yield Execute(query("direct_named"), params, "one")
         else:
             # through a SECURITY DEFINER function: a least-privilege role needs
             # no write right on pgcounters.counters (migration 0006)
@@ -445,7 +449,11 @@ class _CounterPlans:
                         for counter, encoded, total in rows:
                             yield Execute(
                                 counter.composed("direct_column"),
-                                (_column_delta(counter, total), encoded[0]),
+                                {
+                                    "delta": _column_delta(counter, total),
+                                    "key": encoded[0],
+                                    "target": counter.id,
+                                },
                             )
 
                     yield from self._applying(columns(rows))

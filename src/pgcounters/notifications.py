@@ -234,12 +234,24 @@ def take_direct(conn: Conn, limit: int = 1000) -> Changes:
     transactions committed, and return their changes (counter name -> keys). The taking
     commits with the caller's transaction (at once on an autocommit connection): report
     the changes after it."""
+    return take_direct_batch(conn, limit)[0]
+
+
+def take_direct_batch(conn: Conn, limit: int = 1000) -> tuple[Changes, int]:
+    """As :func:`take_direct`, with the number of noted statements taken: ``limit`` of
+    them means more may be waiting (take again)."""
     rows = conn.execute(_sql("take_direct_changes"), {"limit": limit}).fetchall()
+    return _decode_taken(rows)
+
+
+def _decode_taken(rows: Iterable[Any]) -> tuple[Changes, int]:
     decoders: dict[str, Callable[[list[str]], Key]] = {}
     changes: Changes = {}
-    for counter, parts, key_types in rows:
+    taken = 0
+    for counter, parts, key_types, rows_taken in rows:
+        taken = int(rows_taken)
         decode = decoders.get(counter)
         if decode is None:
             decode = decoders[counter] = _decoder(list(key_types))
         changes.setdefault(counter, set()).add(decode(list(parts)))
-    return changes
+    return changes, taken

@@ -881,9 +881,73 @@ def collect_backfills(conn: Conn) -> BackfillsSection:
     return BackfillsSection(tuple(BackfillStatus(r[0], int(r[1]), float(r[2])) for r in rows))
 
 
+DIRECT_CHANGES_SCHEMA_VERSION = 20
+
+
+@dataclass(frozen=True)
+class DirectChangesSection:
+    """Change reports of direct-mode counters (a status section): ``None`` where the
+    schema predates them or the role may not read them."""
+
+    listening: int | None
+    gone: int | None
+    waiting: int | None
+    """Notes not yet taken by a reporting worker, at most (read from the id range)."""
+    name: str = "direct_changes"
+
+    def as_json(self) -> object:
+        return {"listening": self.listening, "gone": self.gone, "waiting": self.waiting}
+
+    def lines(self) -> list[str]:
+        if self.listening is None:
+            return ["direct-mode change reports: unknown (no right to read them)"]
+        line = (
+            f"direct-mode change reports: {self.listening} reporting workers, "
+            f"{self.waiting or 0:,} notes waiting at most"
+        )
+        if self.gone:
+            line += f", {self.gone} registrations of sessions gone (the next worker forgets them)"
+        return [line]
+
+    def metrics(self) -> list[Metric]:
+        if self.listening is None:
+            return []
+        return [
+            Metric(
+                "pgcounters_direct_change_listeners",
+                "Registered reporting workers of direct-mode changes, alive or gone.",
+                "gauge",
+                (
+                    ((("state", "alive"),), self.listening),
+                    ((("state", "gone"),), self.gone or 0),
+                ),
+            ),
+            Metric(
+                "pgcounters_direct_change_notes",
+                "Notes of direct-mode changes waiting for a reporting worker (at most).",
+                "gauge",
+                (((), self.waiting or 0),),
+            ),
+        ]
+
+
+def collect_direct_changes(conn: Conn) -> DirectChangesSection:
+    """The ``direct_changes`` section (unknown on an older schema or without the right)."""
+    installed = schema.state(conn).installed
+    if installed is None or installed < DIRECT_CHANGES_SCHEMA_VERSION:
+        return DirectChangesSection(None, None, None)
+    readable = conn.execute(_ops("status_direct_changes_readable")).fetchone()
+    if not readable or not readable[0]:
+        return DirectChangesSection(None, None, None)
+    row = conn.execute(_ops("status_direct_changes")).fetchone()
+    assert row is not None
+    return DirectChangesSection(int(row[0]), int(row[1]), int(row[2]))
+
+
 _SECTIONS: dict[str, SectionCollector] = {
     "triggers": collect_triggers,
     "reliability": collect_reliability,
     "backfills": collect_backfills,
+    "direct_changes": collect_direct_changes,
 }
 """The sections of every status report, by name, in the order they are rendered."""

@@ -175,6 +175,9 @@ RETENTION_EVERY = 60.0
 """Seconds between two deletions of values of periods no longer kept (counters per period)."""
 RETENTION_LIMIT = 10_000
 """The most values one deletion takes (a call that takes as many is followed by another)."""
+STOP_TAKES = 100
+"""A stopping worker reports the direct-mode changes committed so far in at most this many
+takes of a batch each."""
 
 
 def _millis(seconds: float) -> str:
@@ -363,6 +366,8 @@ class Worker:
                     "(`pgcounters grant --worker ROLE` gives the right)",
                     str(exc).strip(),
                 )
+        else:
+            forget_dead_listeners(conn)
         self._listening = False
         if s.listen:
             conn.execute(_ops("listen"))
@@ -483,10 +488,12 @@ class Worker:
             full = full or batch_full
             busy = busy or batch_busy
         if self._notifier.active and self._report_direct and not self._stop.is_set():
-            # what direct-mode counters changed in transactions committed since
-            direct = notifications.take_direct(conn, self._batch_size)
+            # what direct-mode counters changed in transactions committed since; a full
+            # take is a full round (the next one at once), as a full drain batch
+            direct, taken = notifications.take_direct_batch(conn, self._batch_size)
             if direct:
                 self._notifier.committed(conn, direct)
+            full = full or taken >= self._batch_size
         self._trickle = got > 0
         now = time.monotonic()
         if (
@@ -521,6 +528,10 @@ class Worker:
                 self._retention_done(pc.drop_expired_buckets(RETENTION_LIMIT))
             except PermissionDenied as exc:
                 self._retention_refused(exc)
+            except (PgCountersError, psycopg.Error) as exc:
+                if conn.broken or conn.closed or isinstance(exc, SchemaError):
+                    raise
+                self._retention_failed(exc)
         if self._notifier.notify:
             self._notifier.flush(conn)  # changes held back by the rate limit, once due
         self._end_round()
@@ -542,6 +553,15 @@ class Worker:
             logger.info("deleted %d values of periods no longer kept", deleted)
         more = deleted >= RETENTION_LIMIT
         self._retention_at = time.monotonic() + (0.0 if more else RETENTION_EVERY)
+
+    def _retention_failed(self, exc: Exception) -> None:
+        """A retention call failed (a lock timeout, a dropped table...): logged, tried again
+        ``RETENTION_EVERY`` seconds later; the drain goes on."""
+        self._retention_at = time.monotonic() + RETENTION_EVERY
+        logger.warning(
+            "deleting values of periods no longer kept failed, retrying in %gs: %s",
+            RETENTION_EVERY, str(exc).strip() or exc,
+        )  # fmt: skip
 
     def _retention_refused(self, exc: Exception) -> None:
         self._retention = False
@@ -595,9 +615,14 @@ class Worker:
             return
         if self._report_direct:
             try:
-                direct = notifications.take_direct(conn, self._batch_size)
-                if direct:
-                    self._notifier.committed(conn, direct)
+                # everything committed so far, while writers keep noting (a bounded number
+                # of takes: what is noted after them goes with the last worker to stop)
+                for _ in range(STOP_TAKES):
+                    direct, taken = notifications.take_direct_batch(conn, self._batch_size)
+                    if direct:
+                        self._notifier.committed(conn, direct)
+                    if taken < self._batch_size:
+                        break
                 notifications.unlisten_direct(conn)
             except psycopg.Error as exc:
                 logger.warning("could not report the last direct-mode changes: %s", exc)
@@ -686,6 +711,16 @@ class GracefulSignals:
 
 
 # -- wake-ups: the notifications a listening worker wakes on ---------------------------
+
+
+def forget_dead_listeners(conn: Conn) -> None:
+    """As a worker sets up: forget the registrations of reporting workers whose sessions
+    are gone (and, when none is left, the notes nobody will report). Skipped, silently,
+    for a role without the right."""
+    try:
+        notifications.unlisten_direct(conn)
+    except (pg.InsufficientPrivilege, pg.UndefinedFunction) as exc:
+        logger.debug("dead change listeners left to others: %s", str(exc).strip())
 
 
 def enable_wakeups(conn: Conn, interval: float = 0.1) -> None:

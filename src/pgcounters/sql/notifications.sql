@@ -24,5 +24,5 @@ SELECT pgcounters.listen_direct_changes();
 SELECT pgcounters.unlisten_direct_changes();
 
 -- name: take_direct_changes
--- take committed changes of direct-mode counters: counter name, key parts, key types
-SELECT name, key, key_types FROM pgcounters.take_direct_changes(%(limit)s);
+-- take committed changes of direct-mode counters: counter name, key parts, key types, rows taken
+SELECT name, key, key_types, taken FROM pgcounters.take_direct_changes(%(limit)s);

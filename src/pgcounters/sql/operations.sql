@@ -168,6 +168,18 @@ SELECT q.unlogged, coalesce(sum(d.busy), 0)::bigint, coalesce(sum(d.quarantined)
 SELECT name, keys_done, extract(epoch FROM now() - requested_at)::float8
   FROM pgcounters.backfills ORDER BY name;
 
+-- name: status_direct_changes_readable
+-- whether this role may read the change reports of direct-mode counters
+SELECT has_table_privilege('pgcounters.change_listeners', 'SELECT')
+   AND has_table_privilege('pgcounters.direct_changes', 'SELECT');
+
+-- name: status_direct_changes
+-- change reports of direct-mode counters: reporting workers alive, registrations of sessions gone, notes waiting (at most; read from the id range, no scan)
+SELECT count(a.pid), count(*) - count(a.pid),
+       (SELECT coalesce(max(d.id) - min(d.id) + 1, 0) FROM pgcounters.direct_changes AS d)
+  FROM pgcounters.change_listeners AS l
+  LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(l.pid) AS a ON true;
+
 -- name: quarantine_list
 -- Set-aside deltas, oldest first (pgcounters quarantine list).
 SELECT id, coalesce(counter, '#' || target_id::text), key, delta, unlogged, created_at,

@@ -111,28 +111,50 @@ SELECT set_config('pgcounters.applying', '', true);
 INSERT INTO {queue} (target_id, key, delta) VALUES {values};
 
 -- name: direct_named_many
--- several increments of direct named counters, summed per (target, key) by the caller
-INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES {values}
-ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value;
+-- several increments of direct named counters, summed per (target, key) by the caller; their keys noted for a reporting worker, one note per counter
+WITH written AS (
+    INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES {values}
+    ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
+    RETURNING c.target_id, c.key
+)
+SELECT pgcounters.note_direct(w.target_id, array_agg(ARRAY[w.key::text]))
+  FROM written AS w GROUP BY w.target_id;
 
 -- name: direct_named_update
--- the common case of a direct counter: its row exists, one UPDATE (as the naive way)
-UPDATE pgcounters.counters SET value = value + %s
- WHERE target_id = %s AND key = %s::text[]
-RETURNING value;
+-- the common case of a direct counter: its row exists, one UPDATE (as the naive way), its key noted for a reporting worker
+WITH written AS (
+    UPDATE pgcounters.counters SET value = value + %(delta)s
+     WHERE target_id = %(target)s AND key = %(key)s::text[]
+    RETURNING value
+)
+SELECT w.value,
+       CASE WHEN %(delta)s <> 0
+            THEN pgcounters.note_direct(%(target)s, ARRAY[ARRAY[%(key)s::text[]::text]]) END
+  FROM written AS w;
 
 -- name: direct_named
--- a direct named counter's first increment of a key: create its row or add to it
-INSERT INTO pgcounters.counters AS c (target_id, key, value)
-VALUES (%s, %s, %s)
-ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
-RETURNING c.value;
+-- a direct named counter's first increment of a key: create its row or add to it, its key noted for a reporting worker
+WITH written AS (
+    INSERT INTO pgcounters.counters AS c (target_id, key, value)
+    VALUES (%(target)s, %(key)s::text[], %(delta)s)
+    ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
+    RETURNING c.value
+)
+SELECT w.value,
+       CASE WHEN %(delta)s <> 0
+            THEN pgcounters.note_direct(%(target)s, ARRAY[ARRAY[%(key)s::text[]::text]]) END
+  FROM written AS w;
 
 -- name: direct_column
--- a direct column counter: add to the column of one row, returning the value
-UPDATE {table} AS x SET {column} = coalesce(x.{column}, 0) + %s
- WHERE x.{key_column} = %s
-RETURNING x.{column};
+-- a direct column counter: add to the column of one row, returning the value; its key noted for a reporting worker
+WITH written AS (
+    UPDATE {table} AS x SET {column} = coalesce(x.{column}, 0) + %(delta)s
+     WHERE x.{key_column} = %(key)s
+    RETURNING x.{column} AS value, x.{key_column} AS key
+)
+SELECT w.value,
+       CASE WHEN %(delta)s <> 0 THEN pgcounters.note_direct(%(target)s, ARRAY[w.key]) END
+  FROM written AS w;
 
 -- name: exact_named
 -- the exact value of one key of a named counter: stored + pending, from one snapshot
@@ -489,9 +511,10 @@ SELECT pgcounters.grant_pause(%(role)s);
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
 -- name: counters_writable
--- whether this role may write pgcounters.counters itself
+-- whether this role may write pgcounters.counters itself (and note what it changed)
 SELECT has_table_privilege('pgcounters.counters', 'INSERT')
-   AND has_table_privilege('pgcounters.counters', 'UPDATE');
+   AND has_table_privilege('pgcounters.counters', 'UPDATE')
+   AND has_function_privilege('pgcounters.note_direct(integer, anyarray)', 'EXECUTE');
 
 -- name: broken_specs
 -- Counters installed on a table whose probe does not plan: [name, error, ...].

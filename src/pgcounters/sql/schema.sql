@@ -610,7 +610,7 @@ BEGIN
             VALUES (v_target.id, p_keys[1]::text[], p_deltas[1])
             ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
             RETURNING c.value INTO v_value;
-            IF p_deltas[1] <> 0 AND EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
+            IF p_deltas[1] <> 0 AND pgcounters._direct_listened() THEN
                 INSERT INTO pgcounters.direct_changes (target_id, keys)
                 VALUES (v_target.id, ARRAY[p_keys[1]]);
             END IF;
@@ -646,7 +646,7 @@ BEGIN
         VALUES (v_target.id, v_keys[1]::text[], p_deltas[1])
         ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
         RETURNING c.value INTO v_value;
-        IF p_deltas[1] <> 0 AND EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
+        IF p_deltas[1] <> 0 AND pgcounters._direct_listened() THEN
             INSERT INTO pgcounters.direct_changes (target_id, keys) VALUES (v_target.id, v_keys);
         END IF;
         RETURN v_value;
@@ -664,13 +664,16 @@ BEGIN
         RETURNING c.target_id, c.key, c.value
     )
     SELECT a.value INTO v_value FROM applied AS a ORDER BY a.target_id DESC, a.key DESC LIMIT 1;
-    IF EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
-        -- one row per counter of the call, its keys in one array (version 20)
+    IF pgcounters._direct_listened() THEN
+        -- one row per counter of the call, its keys in one array (version 20): the keys
+        -- whose summed delta changed something (+1 and -1 on a key change nothing)
         INSERT INTO pgcounters.direct_changes (target_id, keys)
-        SELECT d.target_id, array_agg(DISTINCT d.key)
-          FROM unnest(p_targets, v_keys, p_deltas) AS d(target_id, key, delta)
-         WHERE d.delta IS NOT NULL AND d.delta <> 0
-         GROUP BY d.target_id;
+        SELECT s.target_id, array_agg(s.key)
+          FROM (SELECT d.target_id, d.key
+                  FROM unnest(p_targets, v_keys, p_deltas) AS d(target_id, key, delta)
+                 GROUP BY d.target_id, d.key
+                HAVING sum(d.delta) <> 0) AS s
+         GROUP BY s.target_id;
     END IF;
     RETURN v_value;
 END;
@@ -4104,46 +4107,74 @@ CREATE TABLE pgcounters.direct_changes (
     keys      text[] NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
+-- Whether a registered reporting worker is alive: a worker killed leaves its
+-- registration behind until the next worker sets up, and nothing is noted for it
+-- meanwhile. One look at the sessions' status (once per transaction), only while a
+-- registration exists.
+CREATE FUNCTION pgcounters._direct_listened() RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- plpgsql: its plan is kept for the session (a SQL function's would be made again
+    -- in each writing transaction)
+    RETURN EXISTS (SELECT 1 FROM pgcounters.change_listeners AS l
+                    WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(l.pid)));
+END;
+$$;
+
 -- The direct triggers of counter columns note the keys of the parent rows a statement
--- changed (in the key column's type), while a reporting worker is registered.
+-- changed (in the key column's type), while a reporting worker is alive. A
+-- two-dimensional array holds a named counter's keys instead, each as the text of its
+-- array, one per row (ARRAY[['{42}'], ['{7}']]): the client's writes of direct named
+-- counters.
 CREATE FUNCTION pgcounters.note_direct(p_target integer, p_keys anyarray) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
 BEGIN
-    IF p_keys IS NOT NULL AND cardinality(p_keys) > 0
-       AND EXISTS (SELECT 1 FROM pgcounters.change_listeners) THEN
-        INSERT INTO pgcounters.direct_changes (target_id, keys)
-        VALUES (p_target, ARRAY(SELECT ARRAY[k::text]::text FROM unnest(p_keys) AS k));
+    IF p_keys IS NOT NULL AND cardinality(p_keys) > 0 AND pgcounters._direct_listened() THEN
+        IF array_ndims(p_keys) = 2 THEN
+            INSERT INTO pgcounters.direct_changes (target_id, keys)
+            VALUES (p_target, ARRAY(SELECT DISTINCT k::text::text[]::text FROM unnest(p_keys) AS k));
+        ELSE
+            INSERT INTO pgcounters.direct_changes (target_id, keys)
+            VALUES (p_target, ARRAY(SELECT ARRAY[k::text]::text FROM unnest(p_keys) AS k));
+        END IF;
     END IF;
 END;
 $$;
 
 -- Register the calling session as a reporting worker (direct counters note their
 -- changes from now on), forgetting the registrations of sessions that are gone (a
--- worker killed): returns the number of workers registered.
+-- worker killed, or reconnecting: the notes it left are reported by the next one):
+-- returns the number of workers registered.
 CREATE FUNCTION pgcounters.listen_direct_changes() RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
 BEGIN
+    -- one registration change at a time (writers, which only read, are not held): a
+    -- worker leaving never drops the notes of one registering meanwhile
+    LOCK TABLE pgcounters.change_listeners IN SHARE ROW EXCLUSIVE MODE;
     DELETE FROM pgcounters.change_listeners AS l
-     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = l.pid);
+     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(l.pid));
     INSERT INTO pgcounters.change_listeners (pid) VALUES (pg_backend_pid())
         ON CONFLICT (pid) DO NOTHING;
     RETURN (SELECT count(*) FROM pgcounters.change_listeners);
 END;
 $$;
 
--- Unregister the calling session; when no reporting worker is left, the changes
--- nobody will report are dropped. Returns the number of workers still registered.
+-- Unregister the calling session and forget the registrations of sessions that are
+-- gone (every worker calls it as it sets up); when no reporting worker is left, the
+-- changes nobody will report are dropped. Returns the number of workers still
+-- registered.
 CREATE FUNCTION pgcounters.unlisten_direct_changes() RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
 DECLARE
     v_left bigint;
 BEGIN
+    LOCK TABLE pgcounters.change_listeners IN SHARE ROW EXCLUSIVE MODE;
     DELETE FROM pgcounters.change_listeners AS l
      WHERE l.pid = pg_backend_pid()
-        OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = l.pid);
+        OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_get_activity(l.pid));
     v_left := (SELECT count(*) FROM pgcounters.change_listeners);
     IF v_left = 0 THEN
         DELETE FROM pgcounters.direct_changes;
@@ -4154,9 +4185,10 @@ $$;
 
 -- Take (delete and return) at most p_limit rows of committed direct-mode changes,
 -- the oldest first, skipping rows another worker is taking: each changed key once,
--- with its counter's name and key types. The caller reports them after it commits.
+-- with its counter's name and key types, and the number of rows taken (p_limit: more
+-- may be left). The caller reports them after it commits.
 CREATE FUNCTION pgcounters.take_direct_changes(p_limit integer DEFAULT 1000)
-RETURNS TABLE (name text, key text[], key_types text[])
+RETURNS TABLE (name text, key text[], key_types text[], taken bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
 BEGIN
@@ -4171,7 +4203,7 @@ BEGIN
                                   ORDER BY c.id LIMIT p_limit FOR UPDATE SKIP LOCKED))
         RETURNING d.target_id, d.keys
     )
-    SELECT DISTINCT t.name, k.key::text[], t.key_types
+    SELECT DISTINCT t.name, k.key::text[], t.key_types, (SELECT count(*) FROM taken)
       FROM taken
       JOIN pgcounters.targets AS t ON t.id = taken.target_id
      CROSS JOIN LATERAL unnest(taken.keys) AS k(key);
