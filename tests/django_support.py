@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from blog.models import Article, User
+from blog.models import Article, Comment, Tag, User
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
 
@@ -80,6 +80,7 @@ def orm_truths() -> list[truth.Truth]:
             Sum("comments__score", filter=public),
         ),
         truth.from_rows("blog.users.total", lambda conn: {(): User.objects.count()}),
+        *blog_truths(),
         _column(
             "oddnames.owner.items_on",
             Owner,
@@ -132,6 +133,38 @@ def orm_truths() -> list[truth.Truth]:
             },
         ),
         *generic_truths(),
+    ]
+
+
+def blog_truths() -> list[truth.Truth]:
+    """The blog's counters through a path, a many-to-many and per day."""
+    return [
+        _column(
+            "blog.user.received_comments",
+            User,
+            "received_comments",
+            Count("articles__comments", filter=Q(articles__comments__publish_status="public")),
+        ),
+        _column("blog.article.tag_count", Article, "tag_count", Count("tags")),
+        _column(
+            "blog.tag.published_articles",
+            Tag,
+            "published_articles",
+            Count("articles", filter=Q(articles__published=True)),
+        ),
+        truth.from_rows(
+            "blog.article.comments_per_day",
+            lambda conn: {
+                (article, day): n
+                for article, day, n in Comment.objects.filter(
+                    publish_status="public", article__isnull=False
+                )
+                .order_by()
+                .values("article", "created_on")
+                .annotate(n=Count("pk"))
+                .values_list("article", "created_on", "n")
+            },
+        ),
     ]
 
 

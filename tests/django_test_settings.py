@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
+
 from blogsite.settings import *  # noqa: F403
 from blogsite.settings import INSTALLED_APPS
 
@@ -14,3 +18,14 @@ INSTALLED_APPS = [
     "attached",
     "timeline",
 ]
+
+# the blog's page cache: shared by the processes of a run (a worker's, the tests'), in a
+# folder of its own
+_PAGE_CACHE = tempfile.mkdtemp(prefix="blog-page-cache-")
+atexit.register(shutil.rmtree, _PAGE_CACHE, ignore_errors=True)
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+        "LOCATION": _PAGE_CACHE,
+    }
+}

@@ -107,11 +107,31 @@ def test_a_worker_started_from_django_sends_the_signal_after_each_commit(
     assert User.objects.get(pk=user.pk).unread_notifications == 2
 
 
+def test_a_batch_drained_on_djangos_own_connection_reports_its_changes() -> None:
+    # Django's connection loads jsonb as text (its JSONField parses it): the key types of
+    # the noted changes must be read on it too
+    from pgcounters import Counters
+    from pgcounters.contrib.django.db import psycopg_connection
+
+    user, _, _ = _unread_notifications()
+    with psycopg_connection() as conn:
+        result = Counters(conn).drain_queue_batch(1000, changes=True)
+    assert result.changes == {UNREAD: {(user.pk,)}, USERS: {()}}
+
+
 def test_without_receivers_the_worker_does_not_ask_for_changes() -> None:
-    w = worker(settings=FAST)
-    assert not w.reports_changes
-    with receiving():
-        assert worker(settings=FAST).reports_changes
+    from blog import pagecache
+
+    # the blog example's page cache listens; without it, nobody does
+    assert counters_changed.disconnect(dispatch_uid="blog-article-pages")
+    try:
+        w = worker(settings=FAST)
+        assert not w.reports_changes
+        with receiving():
+            assert worker(settings=FAST).reports_changes
+    finally:
+        counters_changed.connect(pagecache.invalidate_changed, dispatch_uid="blog-article-pages")
+    assert worker(settings=FAST).reports_changes
 
 
 def test_manage_py_pgcounters_worker_sends_the_signal() -> None:

@@ -77,7 +77,11 @@ def decode_noted(row: Any) -> Changes:
     noted: list[tuple[str, list[str]]] = json.loads(row[0])
     if not noted:
         return {}
-    types: dict[str, list[KeyType]] = row[1] or {}
+    # a jsonb, parsed by psycopg; text on a connection that loads jsonb as text (Django's)
+    raw_types = row[1]
+    types: dict[str, list[KeyType]] = (
+        json.loads(raw_types) if isinstance(raw_types, str) else raw_types or {}
+    )
     # the parts of each counter's keys first, then one decoding pass per counter
     by_counter: dict[str, list[list[str]]] = {}
     for counter, parts in noted:

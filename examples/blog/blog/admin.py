@@ -10,30 +10,56 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from blog.models import Article, Comment, Notification, User
+from blog.models import Article, Comment, Notification, Tag, User
 from pgcounters.contrib.django import EstimatedCountPaginator
 
 
 @admin.register(User)
 class UserAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("id", "username", "public_comments", "unread_notifications")
+    list_display = (
+        "id",
+        "username",
+        "public_comments",
+        "received_comments",
+        "unread_notifications",
+    )
     ordering = ("-public_comments",)
     search_fields = ("username",)
-    readonly_fields = ("public_comments", "unread_notifications")
+    readonly_fields = ("public_comments", "received_comments", "unread_notifications")
 
 
 @admin.register(Article)
 class ArticleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("id", "title", "public_comments", "public_score")
+    list_display = (
+        "id",
+        "title",
+        "author",
+        "published",
+        "public_comments",
+        "public_score",
+        "tag_count",
+    )
+    list_filter = ("published",)
+    list_select_related = ("author",)
     ordering = ("-public_comments",)
     search_fields = ("title",)
-    readonly_fields = ("public_comments", "public_score")
+    raw_id_fields = ("author",)
+    filter_horizontal = ("tags",)
+    readonly_fields = ("public_comments", "public_score", "tag_count")
+
+
+@admin.register(Tag)
+class TagAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("id", "name", "published_articles")
+    ordering = ("-published_articles",)
+    search_fields = ("name",)
+    readonly_fields = ("published_articles",)
 
 
 @admin.register(Comment)
 class CommentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("id", "article", "creator", "publish_status", "score")
-    list_filter = ("publish_status",)
+    list_display = ("id", "article", "creator", "publish_status", "score", "created_on")
+    list_filter = ("publish_status", "created_on")
     list_select_related = ("article", "creator")
     raw_id_fields = ("article", "creator")
     paginator = EstimatedCountPaginator

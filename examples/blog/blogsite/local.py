@@ -9,9 +9,9 @@ creates the database ``blog`` there, and points the settings at it through
 ends; ``runserver``'s reloaded child process adopts it and leaves it running.
 
 ``runserver`` also drains the counter queues in a background thread (a
-:class:`pgcounters.Worker`), so the counter columns follow the writes
-without a separate ``manage.py pgcounters worker``; set ``BLOG_WORKER=0`` to
-run your own worker instead.
+:class:`pgcounters.Worker` that sends ``counters_changed``), so the counter columns follow
+the writes, and the cached article pages are renewed, without a separate
+``manage.py pgcounters worker``; set ``BLOG_WORKER=0`` to run your own worker instead.
 """
 
 from __future__ import annotations
@@ -81,8 +81,16 @@ def embedded_database(folder: Path | None = None) -> Iterator[str | None]:
 
 
 def start_worker(dsn: str) -> Worker:
-    """Drain the counter queues in a daemon thread of this process."""
-    worker = Worker(dsn, WorkerSettings(min_interval=0.1, max_interval=1.0))
+    """Drain the counter queues in a daemon thread of this process, sending Django's
+    ``counters_changed`` after each batch (the article pages' cache listens to it)."""
+    import django
+
+    from pgcounters.contrib.django.signals import signal_callback
+
+    django.setup()
+    worker = Worker(
+        dsn, WorkerSettings(min_interval=0.1, max_interval=1.0), on_change=signal_callback()
+    )
     threading.Thread(target=worker.run, name="pgcounters worker", daemon=True).start()
     return worker
 

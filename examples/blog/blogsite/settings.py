@@ -9,6 +9,7 @@ PostgreSQL and sets ``PGCOUNTERS_DSN`` before these settings are read (see
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
@@ -74,6 +75,18 @@ PGCOUNTERS_EVENTS = os.environ.get("PGCOUNTERS_EVENTS", "direct")
 PGCOUNTERS_REDIS_URL = os.environ.get("PGCOUNTERS_REDIS_URL", "")
 
 STATIC_URL = "static/"
+
+# The article page is cached (blog.pagecache) and made fresh by the counters' change
+# notifications, received in the worker's process: a cache the processes share (files here;
+# Redis or Memcached in production). The timeout bounds a page's age in any case.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+        "LOCATION": os.environ.get("BLOG_CACHE_DIR")
+        or str(Path(__file__).resolve().parent.parent / "page-cache"),
+    }
+}
+BLOG_PAGE_CACHE_SECONDS = int(os.environ.get("BLOG_PAGE_CACHE_SECONDS", "300"))
 
 # The API example (blog.views.api_top_articles) is limited by this quota, defined
 # after migrate (blog.apps): BLOG_API_LIMIT calls per client address per minute.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_migrate, pre_migrate
 from psycopg import sql
 
 
@@ -29,8 +29,13 @@ class PgCountersConfig(AppConfig):
                 # counters' triggers are installed after migrate (_record_specs)
                 continue
             register(model, spec)
+        pre_migrate.connect(_before_migrate, sender=self)
         post_migrate.connect(_record_specs, sender=self)
         migration_deps.install()
+
+
+# per database alias: the counters whose triggers were installed when migrate started
+_live_before: dict[str, set[str]] = {}
 
 
 def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
@@ -69,6 +74,10 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
         # the others' tables or columns yet (they are registered by a later migrate)
         _install_through_counters(conn, using)
         live = {t.spec_name for t in installed(conn)}
+        # counters whose triggers this migrate installed (again): their rows are counted
+        # by a backfill, even under a definition recorded before (rows written while the
+        # triggers were gone were not counted)
+        live_before = _live_before.pop(using, live)
         with conn.transaction():
             before = {s.name: s.fingerprint for s in declared(conn)}
             for spec in specs:
@@ -76,7 +85,7 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
                     continue
                 conn.execute(sql.SQL(query("select_call")).format(call=ensure_target_call(spec)))
                 record(conn, spec)
-                if before.get(spec.name) != spec.fingerprint:
+                if before.get(spec.name) != spec.fingerprint or spec.name not in live_before:
                     backfill.request(conn, spec)
             chosen = replica_writes()
             for name, current in conn.execute(query("replica_writes_choices")).fetchall():
@@ -99,6 +108,66 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
             if verbosity >= 1 and any(done.values()):
                 for name, keys in sorted(done.items()):
                     print(f"  Backfilled counter {name}: {keys} keys")
+
+
+def _before_migrate(using: str, plan: Any = None, apps: Any = None, **kwargs: Any) -> None:
+    """Before migrate: note the counters whose triggers are installed (``_record_specs``
+    backfills those whose triggers this migrate installs again), and uninstall the counters
+    over a many-to-many's automatic through table whose counter column a migration of the
+    plan drops (a removed ``CountField``, or an added one migrated backwards).
+
+    Their triggers were installed by ``migrate`` (no migration holds them), so no migration
+    removes them before the column goes, and the schema-change guard would refuse the
+    drop. The counter goes with its column (values and recorded spec); a later migrate that
+    adds the column again installs it again and backfills it."""
+    from django.core.exceptions import FieldDoesNotExist
+    from django.db.migrations.operations import AddField, RemoveField
+
+    from pgcounters import schema
+    from pgcounters.contrib.django.db import psycopg_connection
+    from pgcounters.triggers import installed
+
+    leaving: set[tuple[str, str]] = set()
+    for migration, backwards in plan or ():
+        for op in migration.operations:
+            dropping = isinstance(op, AddField) if backwards else isinstance(op, RemoveField)
+            if not dropping or apps is None:
+                continue
+            try:
+                model = apps.get_model(migration.app_label, op.model_name)
+                field = model._meta.get_field(op.name)
+            except (LookupError, FieldDoesNotExist):
+                continue
+            column = getattr(field, "column", None)
+            if isinstance(column, str):
+                leaving.add((model._meta.db_table, column))
+    with psycopg_connection(using) as conn:
+        if leaving and schema.state(conn).current:
+            _uninstall_through(conn, leaving)
+        # the counters live before the plan: one whose triggers come back during it (a
+        # migration rolled back, then applied again) missed the writes made meanwhile
+        _live_before[using] = {t.spec_name for t in installed(conn)}
+
+
+def _uninstall_through(conn: Any, leaving: set[tuple[str, str]]) -> None:
+    """Uninstall the counters kept by triggers ``migrate`` installed (over an automatic
+    through table) whose counter column, (table, column), is in ``leaving``."""
+    from pgcounters.compiler import ALL_VIA_EVENTS, EVENTS, GUARD_EVENTS, trigger_name
+    from pgcounters.specs import ColumnTarget
+    from pgcounters.triggers import declared, installed, uninstall
+
+    present = installed(conn)
+    for spec in declared(conn):
+        target = spec.target
+        if not isinstance(target, ColumnTarget):
+            continue
+        if (target.table.name, target.column) not in leaving:
+            continue
+        own = {trigger_name(spec.name, event) for event in EVENTS + GUARD_EVENTS + ALL_VIA_EVENTS}
+        mine = [t for t in present if t.spec_name == spec.name]
+        # a counter delivered by migrations is removed by their RemoveTrigger operations
+        if mine and all(t.trigger in own for t in mine):
+            uninstall(conn, spec.name, drop_values=True)
 
 
 def _install_through_counters(conn: Any, using: str) -> None:
@@ -124,7 +193,8 @@ def _install_through_counters(conn: Any, using: str) -> None:
         }
     ):
         triggers.uninstall(conn, name)
-    tables = set(connections[using].introspection.table_names())
+    introspection = connections[using].introspection
+    tables = set(introspection.table_names())
     chosen = []
     for model, spec in declared_counters():
         if not model._meta.auto_created:
@@ -133,7 +203,15 @@ def _install_through_counters(conn: Any, using: str) -> None:
         target = getattr(spec.target, "table", None)
         if target is not None:
             needed.add(target.name)
-        if needed <= tables:
-            chosen.append(spec)
+        if not needed <= tables:
+            continue
+        column = getattr(spec.target, "column", None)
+        if target is not None and column is not None:
+            # a partial migrate (or one backwards) may have the table without the column
+            with connections[using].cursor() as cur:
+                described = introspection.get_table_description(cur, target.name)
+            if column not in {c.name for c in described}:
+                continue
+        chosen.append(spec)
     if chosen:
         triggers.install(conn, chosen, backfill=False)
