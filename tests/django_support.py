@@ -290,7 +290,25 @@ def _timeline_truths() -> list[truth.Truth]:
                 .values_list("month", "n")
             },
         ),
+        truth.from_rows("timeline.recent_days", _recent_days),
     ]
+
+
+def _recent_days(conn: Conn) -> truth.Values:
+    """Notes per post per UTC day, the 3 days kept (today and the 2 before): an older day
+    reads 0, its value deleted by the worker."""
+    row = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()
+    assert row is not None
+    first = row[0] - dt.timedelta(days=2)
+    return {
+        (post, day.date()): n
+        for post, day, n in Note.objects.filter(post__isnull=False)
+        .annotate(day=TruncDay("created_at", tzinfo=dt.UTC))
+        .filter(day__date__gte=first)
+        .values("post", "day")
+        .annotate(n=Count("pk"))
+        .values_list("post", "day", "n")
+    }
 
 
 def assert_exact(*, stored: bool = False) -> None:
