@@ -377,11 +377,19 @@ def test_the_command_line_reads_from_a_standby(
     assert "send writes to the primary" in capsys.readouterr().err
 
 
-def test_a_worker_pointed_at_a_standby_stops_with_a_clear_error(pair: tuple[str, str]) -> None:
+@pytest.mark.parametrize("reporting", [False, True])
+def test_a_worker_pointed_at_a_standby_stops_with_a_clear_error(
+    pair: tuple[str, str], reporting: bool
+) -> None:
+    """Also a worker that reports changes (it registers as a listener as it sets up)."""
     from pgcounters.errors import WorkerError
     from pgcounters.worker import Worker, WorkerSettings
 
-    worker = Worker(pair[1], WorkerSettings(min_interval=0.01, max_interval=0.05))
+    worker = Worker(
+        pair[1],
+        WorkerSettings(min_interval=0.01, max_interval=0.05),
+        on_change=(lambda changes: None) if reporting else None,
+    )
     outcome: list[BaseException] = []
 
     def run() -> None:

@@ -232,7 +232,9 @@ class AsyncWorker:
         # forget the registrations of reporting workers whose sessions are gone
         try:
             await conn.execute(notifications.statement("unlisten_direct_changes"))
-        except (pg.InsufficientPrivilege, pg.UndefinedFunction) as exc:
+        except (pg.InsufficientPrivilege, pg.UndefinedFunction, pg.ReadOnlySqlTransaction) as exc:
+            # a role without the right, or a hot standby (whose first drain says it is
+            # read-only)
             logger.debug("dead change listeners left to others: %s", str(exc).strip())
         self._listening = False
         if s.listen:

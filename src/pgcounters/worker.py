@@ -359,6 +359,8 @@ class Worker:
             # direct-mode counters note their changes while a reporting worker is registered
             try:
                 notifications.listen_direct(conn)
+            except pg.ReadOnlySqlTransaction:
+                self._report_direct = False  # a hot standby: its first drain says so
             except pg.InsufficientPrivilege as exc:
                 self._report_direct = False
                 logger.warning(
@@ -719,7 +721,8 @@ def forget_dead_listeners(conn: Conn) -> None:
     for a role without the right."""
     try:
         notifications.unlisten_direct(conn)
-    except (pg.InsufficientPrivilege, pg.UndefinedFunction) as exc:
+    except (pg.InsufficientPrivilege, pg.UndefinedFunction, pg.ReadOnlySqlTransaction) as exc:
+        # a role without the right, or a hot standby (whose first drain says it is read-only)
         logger.debug("dead change listeners left to others: %s", str(exc).strip())
 
 
