@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
 from pgcounters.connection import Conn
+
+if TYPE_CHECKING:
+    from pgcounters.worker import Worker
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, step: float = 0.02) -> None:
@@ -93,3 +98,25 @@ def deadlocks(conn: Conn) -> int:
         "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
     ).fetchone()
     return int(row[0]) if row else 0
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[list[BaseException]]:
+    """The worker running in a thread for the block, stopped after it; the errors it
+    stopped with, if any."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # the caller checks them
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield errors
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the worker did not stop"

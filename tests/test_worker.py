@@ -7,8 +7,6 @@ import random
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -17,29 +15,9 @@ from pgcounters import Counters, cli
 from pgcounters.connection import Conn
 from pgcounters.errors import ConfigurationError
 from pgcounters.worker import Worker, WorkerSettings
-from support import queued, wait_for
+from support import queued, running, wait_for
 
 FAST = WorkerSettings(min_interval=0.01, max_interval=0.05, log_every=0)
-
-
-@contextmanager
-def running(worker: Worker) -> Iterator[list[BaseException]]:
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
-        yield errors
-    finally:
-        worker.stop()
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "the worker did not stop"
 
 
 def test_a_worker_in_a_thread_drains_both_queues_and_stops(
