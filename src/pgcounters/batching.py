@@ -256,7 +256,24 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-class BatchingCounters:
+class _ErrorReports:
+    """A buffer's flusher errors: logged, kept as ``last_error``, passed to ``on_error``."""
+
+    buffer: str
+    last_error: BaseException | None
+    on_error: Callable[[BaseException], object] | None
+
+    def _report(self, exc: BaseException) -> None:
+        self.last_error = exc
+        log.error("pgcounters batching buffer %r: %s", self.buffer, exc)
+        if self.on_error is not None:
+            try:
+                self.on_error(exc)
+            except Exception:
+                log.exception("the on_error callback of buffer %r failed", self.buffer)
+
+
+class BatchingCounters(_ErrorReports):
     """Increments buffered in this process and written to PostgreSQL in batches.
 
     ``database`` is a DSN (the buffer opens and owns its connection, and
@@ -464,15 +481,6 @@ class BatchingCounters:
                 self._report(exc)
                 backoff = min(max(backoff * 2, min(interval, 0.5)), _MAX_BACKOFF)
 
-    def _report(self, exc: BaseException) -> None:
-        self.last_error = exc
-        log.error("pgcounters batching buffer %r: %s", self.buffer, exc)
-        if self.on_error is not None:
-            try:
-                self.on_error(exc)
-            except Exception:
-                log.exception("the on_error callback of buffer %r failed", self.buffer)
-
     def close(self) -> FlushStats:
         """Stop the flusher, write what is buffered and refuse further increments.
 
@@ -531,7 +539,7 @@ class BatchingCounters:
         self.close()
 
 
-class AsyncBatchingCounters:
+class AsyncBatchingCounters(_ErrorReports):
     """:class:`BatchingCounters` for an event loop: increments buffered in this process,
     written by a task of the loop, on psycopg's ``AsyncConnectionPool`` or ``AsyncConnection``.
 
@@ -719,15 +727,6 @@ class AsyncBatchingCounters:
             except Exception as exc:
                 self._report(exc)
                 backoff = min(max(backoff * 2, min(interval, 0.5)), _MAX_BACKOFF)
-
-    def _report(self, exc: BaseException) -> None:
-        self.last_error = exc
-        log.error("pgcounters batching buffer %r: %s", self.buffer, exc)
-        if self.on_error is not None:
-            try:
-                self.on_error(exc)
-            except Exception:
-                log.exception("the on_error callback of buffer %r failed", self.buffer)
 
     async def aclose(self) -> FlushStats:
         """Stop the flusher, write what is buffered and refuse further increments.
