@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgcounters import notifications, plans, schema
 from pgcounters.connection import Conn
-from pgcounters.dberrors import translate
+from pgcounters.dberrors import translate, translated
 from pgcounters.errors import (
     ConfigurationError,
     DrainError,
@@ -354,7 +354,9 @@ class _CounterPlans:
         stored value at once and return it (read-your-write). A sum of decimals
         is added to with :meth:`incr_decimal`.
         """
-        counter = yield from self._integer(name)
+        counter = self._cache.get(name)
+        if counter is None or counter.scale is not None:  # not yet looked up, or refused
+            counter = yield from self._integer(name)
         units = yield from self._incr_units(counter, key, check_delta(delta))
         return None if units is None else int(units)
 
@@ -1272,10 +1274,18 @@ class AsyncCounters(_CounterPlans):
         return self._pool
 
     async def _run(self, plan: Plan[T]) -> T:
+        # plans.run_async written out: one coroutine less on every call
         if self._pool is None:
-            return await plans.run_async(plan, self.conn, self._read_conn)
+            conn = self.conn
+            with translated():
+                return await plans.drive_async(
+                    plan, conn, conn if self._read_conn is None else self._read_conn
+                )
         async with self._pool.connection() as conn:
-            return await plans.run_async(plan, conn, self._read_conn)
+            with translated():
+                return await plans.drive_async(
+                    plan, conn, conn if self._read_conn is None else self._read_conn
+                )
 
     async def create_counter(self, name: str, key: object = None, mode: Mode = "queued") -> Counter:
         return await self._run(self._create_counter(name, key, mode))
@@ -1548,6 +1558,8 @@ _NEEDS_QUOTES = re.compile(r'[{}",\\ \t\n\r\v\f]')
 
 
 def _array_element(part: str) -> str:
+    if part.isdigit():  # an integer key's part (the hot path): nothing to quote
+        return part
     if part == "" or _NEEDS_QUOTES.search(part) or (part.isascii() and part.upper() == "NULL"):
         return '"' + part.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return part
