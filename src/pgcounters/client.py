@@ -1317,16 +1317,15 @@ class AsyncCounters(_CounterPlans):
         return await self._run(self._counters())
 
     async def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
-        if self._pool is None and self._conn is not None:
-            # _run written out for the hot path: one coroutine less per call
+        # _run written out for the hot path: one coroutine less per call
+        plan, read_conn = self._incr(name, key, delta), self._read_conn
+        if self._pool is None:
+            conn = self.conn
             with translated():
-                conn = self._conn
-                return await plans.drive_async(
-                    self._incr(name, key, delta),
-                    conn,
-                    conn if self._read_conn is None else self._read_conn,
-                )
-        return await self._run(self._incr(name, key, delta))
+                return await plans.drive_async(plan, conn, conn if read_conn is None else read_conn)
+        async with self._pool.connection() as conn:
+            with translated():
+                return await plans.drive_async(plan, conn, conn if read_conn is None else read_conn)
 
     async def incr_decimal(
         self, name: str, key: object = None, delta: Decimal | int = 1
