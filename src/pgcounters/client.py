@@ -355,16 +355,26 @@ class _CounterPlans:
         stored value at once and return it (read-your-write). A sum of decimals
         is added to with :meth:`incr_decimal`.
         """
-        counter = self._cache.get(name)
-        if counter is None or counter.scale is not None:  # not yet looked up, or refused
-            counter = yield from self._integer(name)
-        if counter.mode == "queued":
-            # the hot path of _incr_units, without its generator: one INSERT
-            encoded = encode_key(key, counter.key_types, counter.name)
-            yield Execute(_ENQUEUE, (counter.id, array_literal(encoded), check_delta(delta)))
+        params = self._queued(name, key, delta)
+        if params is not None:
+            yield Execute(_ENQUEUE, params)
             return None
+        counter = yield from self._integer(name)
         units = yield from self._incr_units(counter, key, check_delta(delta))
         return None if units is None else int(units)
+
+    def _queued(self, name: str, key: object, delta: int) -> tuple[int, str, int] | None:
+        """The parameters of a queued increment's one INSERT (the statement ``_ENQUEUE``),
+        when ``name`` is a queued integer counter whose declaration is cached; else None
+        (the plan looks it up, or takes another path). Validates the key and the delta.
+
+        The hot path, written once: the plan yields this INSERT, and the clients' ``incr``
+        send it at once, without driving a plan, when they can."""
+        counter = self._cache.get(name)
+        if counter is None or counter.mode != "queued" or counter.scale is not None:
+            return None
+        encoded = encode_key(key, counter.key_types, name)
+        return counter.id, array_literal(encoded), check_delta(delta)
 
     def _incr_decimal(self, name: str, key: object, delta: Decimal | int) -> Plan[Decimal | None]:
         """Add a Decimal (or an int) to a counter: a sum of decimals takes at most its
@@ -1156,7 +1166,17 @@ class Counters(_CounterPlans):
         return self._run(self._counters())
 
     def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
-        return self._run(self._incr(name, key, delta))
+        params = self._queued(name, key, delta)
+        if params is None:
+            return self._run(self._incr(name, key, delta))
+        # the hot path: the one INSERT of a queued counter, sent as the plan would send it
+        if self._pool is None:
+            with translated():
+                self.conn.execute(_ENQUEUE, params)
+            return None
+        with self._pool.connection() as conn, translated():
+            conn.execute(_ENQUEUE, params)
+        return None
 
     def incr_decimal(
         self, name: str, key: object = None, delta: Decimal | int = 1
@@ -1317,15 +1337,18 @@ class AsyncCounters(_CounterPlans):
         return await self._run(self._counters())
 
     async def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
-        # _run written out for the hot path: one coroutine less per call
-        plan, read_conn = self._incr(name, key, delta), self._read_conn
+        params = self._queued(name, key, delta)
+        if params is None:
+            return await self._run(self._incr(name, key, delta))
+        # the hot path: the one INSERT of a queued counter, sent as the plan would send it
         if self._pool is None:
-            conn = self.conn
             with translated():
-                return await plans.drive_async(plan, conn, conn if read_conn is None else read_conn)
+                await self.conn.execute(_ENQUEUE, params)
+            return None
         async with self._pool.connection() as conn:
             with translated():
-                return await plans.drive_async(plan, conn, conn if read_conn is None else read_conn)
+                await conn.execute(_ENQUEUE, params)
+        return None
 
     async def incr_decimal(
         self, name: str, key: object = None, delta: Decimal | int = 1
