@@ -6,7 +6,7 @@ counter's declaration is cached), on the same connections, in autocommit, and ch
 the count exact. The two sides of a pair run **interleaved**: rounds of calls of one,
 then of the other (the order alternating from round to round), on the same connection or
 pool, so that the machine's drift (other work, autovacuum, the queue's growth) hits both
-alike; each side's time is the sum of its rounds.
+alike; each side's time is its median round's, times the number of rounds.
 
 * ``async-incr`` against ``psycopg-execute``: one task on one ``AsyncConnection``,
   ``await pc.incr(...)`` against ``await conn.execute(...)`` of the statement ``incr``
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -88,15 +89,21 @@ def _totals(dsn: str) -> tuple[int, int]:
 
 
 class _Clock:
-    """Wall and process CPU time summed over the rounds of one side of a pair."""
+    """The wall and process CPU times of the rounds of one side of a pair."""
 
     def __init__(self) -> None:
-        self.wall = 0.0
+        self.rounds: list[float] = []
         self.cpu = 0.0
 
     def add(self, wall: float, cpu: float) -> None:
-        self.wall += wall
+        self.rounds.append(wall)
         self.cpu += cpu
+
+    @property
+    def wall(self) -> float:
+        """The median round's wall time times the number of rounds: a round that another
+        program's burst of work stalled weighs no more than any other."""
+        return statistics.median(self.rounds) * len(self.rounds) if self.rounds else 0.0
 
 
 def _interleaved_sync(sides: tuple[Callable[[], None], Callable[[], None]]) -> list[_Clock]:
