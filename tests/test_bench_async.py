@@ -23,6 +23,8 @@ def test_every_variant_counts_every_increment(dsn: str) -> None:
             assert m.operations == WORKERS * ROUNDS, variant
             assert m.exact, variant
             assert m.extra["cpu_us"] > 0, variant
+        assert runs[pair[0]].extra["paired"] > 0
+        assert "paired" not in runs[pair[1]].extra
     m = run_threads(dsn, ROUNDS)
     assert m.exact
     assert m.operations == WORKERS * ROUNDS
@@ -43,3 +45,4 @@ def test_the_scenario_is_registered_and_reports_both_ratios(dsn: str) -> None:
     assert "| psycopg-pool | psycopg-sync-pool |" in table
     assert "cpu_us" in table
     assert "load1" in table
+    assert "paired" in table

@@ -19,8 +19,10 @@ alike; each side's time is its median round's, times the number of rounds.
 
 So ``psycopg-pool`` against ``psycopg-sync-pool`` is what async costs in psycopg by
 itself, reported beside ``async-pool`` against ``sync-pool`` in the same run. Each run
-records the client's CPU time per call (``cpu_us``, the process's CPU over its calls)
-and the load average when it started (``load1``).
+records the client's CPU time per call (``cpu_us``, the process's CPU over its calls),
+the load average when it started (``load1``) and, for pgcounters' side of a pair, the
+median over the rounds of psycopg's round time over pgcounters' adjacent one (``paired``,
+the ratio least moved by a loaded machine).
 
 Every increment is its own transaction, committed with ``synchronous_commit=off`` in
 every variant so that the client's cost shows rather than the disk's flush.
@@ -250,12 +252,21 @@ def run_pair(dsn: str, pair: tuple[str, str], per_worker: int) -> dict[str, Meas
     else:
         raise ValueError(f"unknown pair {pair!r}")
     after = _totals(dsn)
+    # round by round, psycopg's time over pgcounters' adjacent one: the drift between
+    # rounds cancels out
+    paired = statistics.median(
+        theirs / ours for ours, theirs in zip(clocks[0].rounds, clocks[1].rounds, strict=True)
+    )
     return {
         variant: Measurement(
             clock.wall,
             calls,
             exact=after[side] - before[side] == calls,
-            extra={"cpu_us": round(clock.cpu / calls * 1e6, 1), "load1": load},
+            extra={
+                "cpu_us": round(clock.cpu / calls * 1e6, 1),
+                "load1": load,
+                **({"paired": round(paired, 3)} if side == 0 else {}),
+            },
         )
         for side, (variant, clock) in enumerate(zip(pair, clocks, strict=True))
     }
@@ -286,7 +297,8 @@ def async_api(dsn: str, repeat: int, quick: bool) -> Scenario:
         f"(sync-pool), {per_worker} increments per worker; and {WORKERS} threads with a "
         "connection each (sync-threads). Each increment its own transaction, "
         "synchronous_commit off; cpu_us: the process's CPU per call; load1: the load "
-        "average at the run's start (median of the runs).",
+        "average at the run's start; paired: for pgcounters' side of a pair, the median "
+        "over the rounds of psycopg's round time / pgcounters' (medians of the runs).",
         unit="increments",
         extra_aggregate="median",
     )
