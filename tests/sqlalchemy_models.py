@@ -42,6 +42,25 @@ class Comment(Base):
     article: Mapped[Article | None] = relationship(back_populates="comments")
 
 
+class UnloggedBase(DeclarativeBase):
+    """Models of their own metadata: an unlogged counter (read exactly on the primary only)."""
+
+
+class Post(UnloggedBase):
+    __tablename__ = "sa_fast_post"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    replies: Mapped[list[Reply]] = relationship()
+    reply_count: Mapped[int] = counted("replies", mode="unlogged")
+
+
+class Reply(UnloggedBase):
+    __tablename__ = "sa_fast_reply"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    post_id: Mapped[int] = mapped_column(ForeignKey("sa_fast_post.id"))
+
+
 COUNTED = ("comment_count", "public_comments", "score_total", "amount_total", "direct_count")
 
 

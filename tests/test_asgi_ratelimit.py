@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgcounters import AsyncQuotas, Quotas
 from pgcounters.connection import Conn
 from pgcounters.contrib.asgi import Message, RateLimitMiddleware, Receive, Scope, Send
-from pgcounters.errors import ConfigurationError, InvalidQuotaDefinition
+from pgcounters.errors import ConfigurationError, InvalidBucketWidth, InvalidQuotaDefinition
 from pgcounters.ratelimit import parse_rate
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -268,3 +268,28 @@ def test_a_sliding_rate(dsn: str, conn: Conn) -> None:
     assert Quotas(conn).quota("api2").window == "sliding:60s"
     with pytest.raises(ConfigurationError, match="goes with a rate"):
         RateLimitMiddleware(hello, quotas=AsyncQuotas.__new__(AsyncQuotas), quota="x", sliding=True)
+
+
+def test_a_rate_with_a_bucket_width(dsn: str, conn: Conn) -> None:
+    """``"2/sliding:minute by 15s"``, or ``"2/minute by 15s"`` with ``sliding=True``: the
+    quota is defined with buckets of 15 s; a bad width is refused when the middleware is
+    built."""
+
+    async def body(quotas: AsyncQuotas) -> None:
+        app = RateLimitMiddleware(hello, quotas=quotas, quota="api", rate="2/sliding:minute by 15s")
+        same = RateLimitMiddleware(
+            hello, quotas=quotas, quota="api2", rate="2/minute by 15s", sliding=True
+        )
+        for limited in (app, same):
+            assert [(await call(limited))[0] for _ in range(3)] == [200, 200, 429]
+        for bad, message in (
+            ("2/sliding:minute by 7s", "do not divide"),
+            ("2/minute by 0s", "positive duration"),
+        ):
+            with pytest.raises(InvalidBucketWidth, match=message):
+                RateLimitMiddleware(hello, quotas=quotas, quota="x", rate=bad, sliding=True)
+
+    run_with_pool(dsn, body)
+    for name in ("api", "api2"):
+        quota = Quotas(conn).quota(name)
+        assert (quota.window, quota.bucket_seconds) == ("sliding:60s", 15)

@@ -553,3 +553,80 @@ def test_a_first_drain_outside_autocommit_commits_its_batches(dsn: str, conn: Co
         assert Counters(sync_conn).drain().deltas == 1
         assert sync_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert Counters(conn).get("views", 1, exact=False) == 2
+
+
+def _traced(pgconn: psycopg.pq.abc.PGconn, path: Any) -> Any:
+    """Start libpq's trace of ``pgconn``'s protocol messages into the file at ``path``."""
+    handle = open(path, "w")  # noqa: SIM115 (closed by the caller)
+    pgconn.trace(handle.fileno())
+    pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+    return handle
+
+
+def _sent(path: Any) -> list[str]:
+    """The messages the client sent (``F``), as libpq's trace writes them."""
+    lines = path.read_text().splitlines()
+    return [line.split("\t", 1)[1] for line in lines if line.startswith("F\t")]
+
+
+def test_incr_sends_what_psycopgs_own_execute_sends(dsn: str, pc: Counters, tmp_path: Any) -> None:
+    """On the wire (libpq's trace), an awaited incr() of a queued counter is psycopg's own
+    ``await conn.execute()`` of the same statement: the same messages, no more round trips,
+    on a connection and through a pool; the sync client's too."""
+    counter = pc.create_counter("wire", key=int)
+    statement = "INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s::text[], %s)"
+    params = (counter.id, "{7}", 1)
+
+    async def on_connection(conn: psycopg.AsyncConnection[Any]) -> tuple[list[str], list[str]]:
+        apc = AsyncCounters(conn)
+        for _ in range(6):  # past psycopg's prepare threshold, and the declaration cached
+            await apc.incr("wire", 7)
+        sides = []
+        for side in ("ours", "psycopg"):
+            handle = _traced(conn.pgconn, tmp_path / side)
+            if side == "ours":
+                await apc.incr("wire", 7)
+            else:
+                await conn.execute(statement, params)
+            conn.pgconn.untrace()
+            handle.close()
+            sides.append(_sent(tmp_path / side))
+        return sides[0], sides[1]
+
+    async def main() -> None:
+        aconn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with aconn:
+            ours, theirs = await on_connection(aconn)
+            assert ours == theirs
+            assert [m.split("\t")[1] for m in ours] == ["Bind", "Describe", "Execute", "Sync"]
+        async with AsyncConnectionPool(
+            dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+        ) as pool:
+            apc = AsyncCounters(pool)
+            for _ in range(6):
+                await apc.incr("wire", 7)
+            async with pool.connection() as conn:
+                handle = _traced(conn.pgconn, tmp_path / "pool")
+            await apc.incr("wire", 7)
+            async with pool.connection() as conn:
+                conn.pgconn.untrace()
+                handle.close()
+                await conn.execute(statement, params)
+            assert _sent(tmp_path / "pool") == ours  # the pool's check-out and return: nothing
+
+    asyncio.run(main())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        spc = Counters(conn)
+        for _ in range(6):
+            spc.incr("wire", 7)
+        handle = _traced(conn.pgconn, tmp_path / "sync")
+        spc.incr("wire", 7)
+        conn.pgconn.untrace()
+        handle.close()
+        assert [m.split("\t")[1] for m in _sent(tmp_path / "sync")] == [
+            "Bind",
+            "Describe",
+            "Execute",
+            "Sync",
+        ]
+    assert pc.get("wire", 7) == 6 + 1 + 1 + 6 + 1 + 1 + 6 + 1

@@ -15,6 +15,7 @@ from pgcounters.errors import (
     BufferClosed,
     BufferFlushFailed,
     BufferFull,
+    ConfigurationError,
     InvalidDelta,
     InvalidKey,
     UnknownCounter,
@@ -128,3 +129,82 @@ def _write_plan(events: AsyncBatchingCounters, flush_id: str, rows: Any) -> Any:
     from pgcounters.flushlog import write_flush_plan
 
     return write_flush_plan(events.client, flush_id, events.buffer, rows)
+
+
+def test_increments_in_an_async_transaction_count_only_if_it_commits(
+    dsn: str, pc: Counters
+) -> None:
+    """The async IncrementGroup: held back until the transaction commits, validated at once,
+    committed once; tasks committing and rolling back side by side count exactly."""
+    pc.create_counter("c")
+    pc.create_counter("per_page", key=int)
+    pc.conn.execute("CREATE TABLE page (id int)")
+
+    async def main() -> None:
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with conn, AsyncBatchingCounters(conn, interval=None) as events:
+
+            async def failing_request() -> None:
+                async with events.transaction(conn) as group:
+                    await conn.execute("INSERT INTO page VALUES (1)")
+                    await group.incr("c")
+                    raise RuntimeError("the request failed")
+
+            with pytest.raises(RuntimeError, match="the request failed"):
+                await failing_request()
+            async with events.transaction(conn) as group:
+                await group.incr("c")
+                raise psycopg.Rollback()
+            assert events.pending() == 0
+            async with events.transaction(conn) as group:
+                await conn.execute("INSERT INTO page VALUES (2)")
+                await group.incr("c", delta=5)
+                await group.incr("c", delta=2)
+                # bad input is refused when it is added, and the group goes on
+                with pytest.raises(InvalidKey):
+                    await group.incr("c", 3)
+                with pytest.raises(UnknownCounter):
+                    await group.incr("nope")
+                assert events.pending() == 0  # not before COMMIT
+            assert events.pending() == 2
+            assert group.done
+            with pytest.raises(BufferClosed):
+                await group.incr("c")
+            await group.commit()  # a second commit buffers nothing more
+            assert events.pending() == 2
+            async with conn.transaction():
+                with pytest.raises(ConfigurationError, match="outermost"):
+                    async with events.transaction(conn):
+                        pass
+            assert await events.get("c") == 7
+
+    asyncio.run(main())
+    assert pc.get("c") == 7
+    assert pc.conn.execute("SELECT array_agg(id) FROM page").fetchone() == ([2],)
+
+    async def requests() -> None:
+        # every connection of the pool held by a request: the declaration is read on the
+        # transaction's own connection, not on one of the pool's
+        async with (
+            AsyncConnectionPool(dsn, min_size=4, max_size=4, open=False) as pool,
+            AsyncBatchingCounters(pool, max_pending=50, interval=0.05) as events,
+        ):
+
+            async def request(r: int) -> None:
+                async with pool.connection() as conn:
+                    await conn.set_autocommit(True)
+                    async with events.transaction(conn) as group:
+                        await conn.execute("INSERT INTO page VALUES (%s)", (100 + r,))
+                        for i in range(10):
+                            await group.incr("per_page", i % 3)
+                        await asyncio.sleep(0)
+                        if r % 3 == 0:
+                            raise psycopg.Rollback()
+
+            await asyncio.gather(*(request(r) for r in range(60)))
+
+    asyncio.run(requests())
+    row = pc.conn.execute("SELECT count(*) FROM page WHERE id >= 100").fetchone()
+    assert row == (40,)
+    # 40 committed requests, 10 increments each over keys 0, 1, 2 (4, 3, 3 of them)
+    assert [pc.get("per_page", k) for k in range(3)] == [160, 120, 120]

@@ -17,7 +17,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from pytest_django.fixtures import Settings as SettingsWrapper
 
-from pgcounters import Quotas, UnknownQuota
+from pgcounters import InvalidBucketWidth, Quotas, UnknownQuota
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.ratelimit import RateLimitMiddleware, ratelimit
 from pgcounters.quotas import CallResult
@@ -304,3 +304,35 @@ def test_a_sliding_rate_on_the_decorator_and_the_middleware(
         middleware(request(rf, "/a"))
     with pytest.raises(ImproperlyConfigured, match="goes with a rate"):
         ratelimit("api", sliding=True)
+
+
+def test_a_rate_with_a_bucket_width(
+    quotas: Quotas, rf: RequestFactory, settings: SettingsWrapper
+) -> None:
+    """``"2/sliding:minute by 10s"`` (or ``"2/minute by 10s"`` with ``sliding=True``) on the
+    decorator and in the middleware's settings: the quota's buckets are that wide."""
+    view = ratelimit("fine", rate="2/sliding:minute by 10s", key="ip")(ok)
+    assert [view(request(rf)).status_code for _ in range(3)] == [200, 200, 429]
+    assert quotas.quota("fine").bucket_seconds == 10
+    other = ratelimit("fine2", rate="2/minute by 15s", sliding=True, key="ip")(ok)
+    assert other(request(rf)).status_code == 200
+    assert (quotas.quota("fine2").window, quotas.quota("fine2").bucket_seconds) == (
+        "sliding:60s",
+        15,
+    )
+    with pytest.raises(InvalidBucketWidth, match="do not divide"):
+        ratelimit("bad", rate="2/sliding:minute by 7s")
+    with pytest.raises(InvalidBucketWidth, match="only a sliding window"):
+        ratelimit("bad", rate="2/minute by 10s")
+
+    settings.PGCOUNTERS_RATELIMIT_QUOTA = "site"
+    settings.PGCOUNTERS_RATELIMIT_RATE = "3/hour by 10m"
+    settings.PGCOUNTERS_RATELIMIT_SLIDING = True
+    middleware = RateLimitMiddleware(ok)
+    assert [middleware(request(rf, "/a")).status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert quotas.quota("site").bucket_seconds == 600
+    settings.PGCOUNTERS_RATELIMIT_RATE = "3/hour by 0m"
+    with pytest.raises(ImproperlyConfigured, match="RATE: invalid bucket width '0m'"):
+        RateLimitMiddleware(ok)
+    with pytest.raises(UnknownQuota):
+        quotas.quota("bad")

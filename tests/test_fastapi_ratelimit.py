@@ -32,7 +32,7 @@ import pgcounters.contrib.starlette as starlette_contrib
 from pgcounters import AsyncQuotas, Quotas, install
 from pgcounters.connection import Conn
 from pgcounters.contrib.starlette import RateLimit, quota_name
-from pgcounters.errors import ConfigurationError, InvalidQuotaDefinition
+from pgcounters.errors import ConfigurationError, InvalidBucketWidth, InvalidQuotaDefinition
 from pgcounters.quotas import CallResult
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -291,3 +291,39 @@ def test_a_client_at_the_address_of_a_dead_one_gets_its_quota_defined(
             assert response.headers["RateLimit-Remaining"] == "1"
 
     asyncio.run(main())
+
+
+def test_a_dependency_with_a_bucket_width(dsn: str, conn: Conn) -> None:
+    """``RateLimit("3/hour by 5m", sliding=True)`` and ``RateLimit("3/sliding:hour by 5m")``
+    share one quota, named with its width, whose buckets are 5 minutes wide; a rate with
+    another width is another quota; a bad width is refused when the dependency is built."""
+    assert quota_name("3/hour by 5m", sliding=True) == "ratelimit:3/sliding:3600s/300s"
+    assert quota_name("3/sliding:hour by 5m") == "ratelimit:3/sliding:3600s/300s"
+    assert quota_name("3/sliding:hour by 10m") == "ratelimit:3/sliding:3600s/600s"
+    assert quota_name("3/sliding:hour") == "ratelimit:3/sliding:3600s"
+    app = FastAPI()
+
+    @app.get("/a", dependencies=[Depends(RateLimit("3/hour by 5m", key="ip", sliding=True))])
+    async def a() -> str:
+        return "a"
+
+    @app.get("/b", dependencies=[Depends(RateLimit("3/sliding:hour by 5m", key="ip"))])
+    async def b() -> str:
+        return "b"
+
+    @app.get("/c", dependencies=[Depends(RateLimit("3/sliding:hour by 10m", key="ip"))])
+    async def c() -> str:
+        return "c"
+
+    async def body(client: httpx.AsyncClient) -> None:
+        codes = [(await client.get(p)).status_code for p in ("/a", "/b", "/a", "/b", "/c")]
+        assert codes == [200, 200, 200, 429, 200]
+
+    run_app(dsn, app, body)
+    quotas = Quotas(conn)
+    assert quotas.quota("ratelimit:3/sliding:3600s/300s").bucket_seconds == 300
+    assert quotas.quota("ratelimit:3/sliding:3600s/600s").bucket_seconds == 600
+    with pytest.raises(InvalidBucketWidth, match="at most 1000"):
+        RateLimit("3/day by 1s", sliding=True)
+    with pytest.raises(InvalidBucketWidth, match="only a sliding window"):
+        RateLimit("3/day by 1h")

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import random
 import threading
+from collections.abc import Callable
 
 import psycopg
 import pytest
 
-from pgcounters import InvalidQuotaDefinition, QuotaDefinitionConflict, Quotas
+from pgcounters import (
+    InvalidArgument,
+    InvalidBucketWidth,
+    InvalidQuotaDefinition,
+    QuotaDefinitionConflict,
+    Quotas,
+)
 from pgcounters.connection import Conn
-from pgcounters.quotas import CallResult, parse_window, sliding_window
+from pgcounters.quotas import CallResult, parse_window, sliding_window, window_bucket_width
 from pgcounters.ratelimit import parse_rate
 
 UTC = dt.UTC
@@ -35,6 +43,60 @@ def test_sliding_windows_parse() -> None:
     for bad in ("sliding:month", "sliding:", "sliding:sliding:1h", "sliding:0s"):
         with pytest.raises(InvalidQuotaDefinition):
             parse_window(bad)
+
+
+def test_a_bucket_width_written_in_the_window(conn: Conn, dsn: str) -> None:
+    """``"sliding:hour by 5m"``: a sliding window and the width of its buckets, in the core
+    quotas, rate strings and the command line; a bad width is an InvalidArgument."""
+    assert parse_window("sliding:hour by 5m") == ("sliding", 3600)
+    assert window_bucket_width("sliding:hour by 5m") == 300
+    assert window_bucket_width("sliding:day BY 15m") == 900
+    assert window_bucket_width("sliding:hour") is None
+    assert sliding_window("hour by 1m") == "sliding:3600s by 60s"
+    assert parse_rate("100/sliding:hour by 1m") == (100, "sliding:hour by 1m")
+    assert parse_rate("100/hour by 1m", sliding=True) == (100, "sliding:3600s by 60s")
+    # the strings without a width read as before
+    assert parse_rate("100/sliding:hour") == (100, "sliding:hour")
+    assert parse_rate("100/hour", sliding=True) == (100, "sliding:3600s")
+    q = Quotas(conn)
+    assert q.define_quota("api", 10, window="sliding:hour by 5m").bucket_seconds == 300
+    assert q.define_quota("wide", 10, window="sliding:hour by 1h").bucket_seconds == 3600
+    # the same width given twice is one width; redefining with another is a conflict
+    assert q.define_quota("api", 20, window="sliding:hour by 5m", granularity="300s").default_limit
+    with pytest.raises(QuotaDefinitionConflict):
+        q.define_quota("api", 10, window="sliding:hour by 10m")
+    bad = {
+        "sliding:hour by 7m": "do not divide a sliding window of 3600s",
+        "sliding:hour by 2h": "do not divide",
+        "sliding:hour by 0m": "positive duration",
+        "sliding:hour by 0": "positive duration",
+        "sliding:hour by day": "positive duration",
+        "sliding:day by 1s": r"86400 buckets .* at most 1000 \(the narrowest width is 90s\)",
+        "hour by 1m": "only a sliding window has buckets",
+        "sliding:hour by": "write a sliding window, by and the width",
+        "sliding:hour by 1m by 2m": "write a sliding window, by and the width",
+    }
+    for window, message in bad.items():
+        attempts: list[Callable[[], object]] = [
+            functools.partial(parse_window, window),
+            functools.partial(parse_rate, f"10/{window}"),
+            functools.partial(q.define_quota, "bad", 10, window=window),
+        ]
+        for attempt in attempts:
+            with pytest.raises(InvalidBucketWidth, match=message) as refused:
+                attempt()
+            assert isinstance(refused.value, InvalidArgument)
+            assert isinstance(refused.value, InvalidQuotaDefinition)
+    with pytest.raises(InvalidBucketWidth, match="two bucket widths"):
+        q.define_quota("bad", 10, window="sliding:hour by 5m", granularity="1m")
+    with pytest.raises(InvalidBucketWidth, match="do not divide"):
+        parse_rate("10/hour by 7m", sliding=True)
+    assert [x.name for x in q.quotas()] == ["api", "wide"]  # nothing of the refused ones
+
+    from pgcounters import cli
+
+    assert cli.run(["--dsn", dsn, "quota", "define", "cli", "--window", "sliding:hour by 10m"]) == 0
+    assert Quotas(conn).quota("cli").bucket_seconds == 600
 
 
 def test_define_sliding_quota(conn: Conn) -> None:

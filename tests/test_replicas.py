@@ -450,3 +450,82 @@ def test_a_counter_being_backfilled_is_refused_on_the_standby_as_on_the_primary(
     for counters in (pc, sc):
         assert [counters.get(column.name, 1), counters.get(named.name, 1)] == [6, 6]
         assert counters.get_many(named.name, [1]) == [6]
+
+
+def test_the_sqlalchemy_exact_on_the_standby_with_sync_and_async_engines(
+    pair: tuple[str, str],
+) -> None:
+    """exact() in a select() sent to a hot standby: the statement the standby gets names no
+    unlogged table, and its values equal the primary's; an unlogged counter is refused."""
+    import asyncio
+
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from sqlalchemy.orm import Session
+
+    from pgcounters.contrib.sqlalchemy import exact, install_counters, install_schema
+    from sqlalchemy_models import COUNTED, Article, Base, Comment, Post, Reply, UnloggedBase, url
+
+    with psycopg.connect(pair[0], autocommit=True) as admin:
+        admin.execute("CREATE DATABASE sa_replicated")
+    primary = create_engine(url(_with_db(pair[0], "sa_replicated")))
+    standby = create_engine(url(_with_db(pair[1], "sa_replicated")))
+    try:
+        with primary.begin() as conn:
+            install_schema(conn)
+            Base.metadata.create_all(conn)
+            UnloggedBase.metadata.create_all(conn)
+            install_counters(conn, [Base.metadata, UnloggedBase.metadata])
+        with Session(primary) as session, session.begin():
+            articles = [Article(title=f"a{i}") for i in range(3)]
+            session.add_all([*articles, Post(id=1)])
+            session.flush()
+            session.add_all(
+                Comment(article_id=a.id, score=i, status="public" if i % 2 else "hidden")
+                for n, a in enumerate(articles)
+                for i in range(n * 3)
+            )
+            session.add_all(Reply(post_id=1) for _ in range(2))
+        query = select(Article.id, *(exact(getattr(Article, n)) for n in COUNTED)).order_by(
+            Article.id
+        )
+        with primary.connect() as conn:
+            expected = [tuple(r) for r in conn.execute(query)]
+        # deltas still queued: exact() adds them to the stored values
+        assert [r[1] for r in expected] == [0, 3, 6]
+        with (
+            psycopg.connect(_with_db(pair[0], "sa_replicated"), autocommit=True) as writer,
+            psycopg.connect(_with_db(pair[1], "sa_replicated"), autocommit=True) as reader,
+        ):
+            assert Counters(writer).pending()[0] > 0
+            Counters(writer, read_conn=reader).wait_for_replay(
+                Counters(writer).wal_position(), timeout=60
+            )
+        with standby.connect() as conn:
+            assert [tuple(r) for r in conn.execute(query)] == expected
+            with pytest.raises(ReplicaError, match=r"sa_fast_post\.reply_count.*unlogged"):
+                conn.execute(select(exact(Post.reply_count)))
+        with primary.connect() as conn:
+            assert conn.execute(select(exact(Post.reply_count))).scalar() == 2
+
+        async def read_async() -> list[tuple[Any, ...]]:
+            engine = create_async_engine(url(_with_db(pair[1], "sa_replicated")))
+            try:
+                async with engine.connect() as conn:
+                    return [tuple(r) for r in await conn.execute(query)]
+            finally:
+                await engine.dispose()
+
+        assert asyncio.run(read_async()) == expected
+        # the statement as compiled names the unlogged queue, which a standby cannot plan:
+        # what the standby got was rewritten
+        compiled = str(query.compile(primary))
+        assert "queue_unlogged" in compiled
+        with (
+            psycopg.connect(_with_db(pair[1], "sa_replicated")) as raw,
+            pytest.raises(psycopg.errors.FeatureNotSupported, match="during recovery"),
+        ):
+            raw.execute(compiled)
+    finally:
+        primary.dispose()
+        standby.dispose()

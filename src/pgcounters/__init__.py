@@ -35,6 +35,7 @@ from pgcounters.errors import (
     EmbeddedPostgresError,
     IncrementBufferError,
     InvalidArgument,
+    InvalidBucketWidth,
     InvalidCost,
     InvalidCounterDefinition,
     InvalidCounterName,
@@ -197,6 +198,7 @@ __all__ = [  # noqa: RUF022
     "RedisUnavailable",
     # -- errors of quotas
     "InvalidCost",
+    "InvalidBucketWidth",
     "InvalidQuotaArgument",
     "InvalidQuotaDefinition",
     "InvalidQuotaLimit",

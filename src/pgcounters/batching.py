@@ -47,14 +47,15 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pgcounters import plans
 from pgcounters.client import Counter, Increment
 from pgcounters.connection import Conn
 from pgcounters.errors import (
@@ -210,8 +211,36 @@ def _items(link_counter: Callable[[str], Counter], batch: _Batch) -> list[Encode
     ]
 
 
-@dataclass
-class IncrementGroup:
+class _Group:
+    """What a group of increments holds: netted deltas, validated, not yet buffered."""
+
+    def __init__(self) -> None:
+        self.deltas: dict[BufferKey, int] = {}
+        self.increments = 0
+        self.done = False
+
+    def _check_open(self) -> None:
+        if self.done:
+            raise BufferClosed("this increment group was already committed or discarded")
+
+    def _hold(self, k: BufferKey, delta: int) -> None:
+        self.deltas[k] = _summed(self.deltas.get(k, 0), delta, k[0])
+        self.increments += 1
+
+    def _take(self) -> dict[BufferKey, int] | None:
+        """The deltas to buffer, once (None when already committed or discarded)."""
+        if self.done:
+            return None
+        self.done = True
+        return self.deltas
+
+    def discard(self) -> None:
+        """Count nothing of the group (it takes no more increments)."""
+        self.done = True
+        self.deltas.clear()
+
+
+class IncrementGroup(_Group):
     """Increments held back until :meth:`commit` hands them to the buffer.
 
     Every increment is validated when it is added. Use it with Django's
@@ -220,28 +249,48 @@ class IncrementGroup:
     committing) counts nothing.
     """
 
-    owner: BatchingCounters
-    deltas: dict[BufferKey, int] = field(default_factory=dict)
-    increments: int = 0
-    done: bool = False
+    def __init__(self, owner: BatchingCounters) -> None:
+        super().__init__()
+        self.owner = owner
 
     def incr(self, name: str, key: object = None, delta: int = 1) -> None:
-        if self.done:
-            raise BufferClosed("this increment group was already committed or discarded")
-        k = self.owner.validate(name, key, delta)
-        self.deltas[k] = _summed(self.deltas.get(k, 0), delta, name)
-        self.increments += 1
+        self._check_open()
+        self._hold(self.owner.validate(name, key, delta), delta)
 
     def commit(self) -> None:
         """Buffer the group's increments (they are acknowledged from now on)."""
-        if self.done:
-            return
-        self.done = True
-        self.owner.absorb(self.deltas, self.increments)
+        deltas = self._take()
+        if deltas is not None:
+            self.owner.absorb(deltas, self.increments)
 
-    def discard(self) -> None:
-        self.done = True
-        self.deltas.clear()
+
+class AsyncIncrementGroup(_Group):
+    """:class:`IncrementGroup` of an :class:`AsyncBatchingCounters`: the same increments held
+    back until ``await group.commit()``, each validated when it is added
+    (``await group.incr(...)``). Use it through :meth:`AsyncBatchingCounters.transaction`
+    with psycopg's ``AsyncConnection``; ``discard`` (or never committing) counts nothing."""
+
+    def __init__(self, owner: AsyncBatchingCounters, conn: AsyncConn | None = None) -> None:
+        super().__init__()
+        self.owner = owner
+        self.conn = conn
+        """The transaction's connection: a counter's declaration, read once, is read on it
+        (not on a connection of the buffer's pool, which the caller's tasks may all hold)."""
+
+    async def incr(self, name: str, key: object = None, delta: int = 1) -> None:
+        self._check_open()
+        self._hold(await self.owner.validate(name, key, delta, conn=self.conn), delta)
+
+    async def commit(self) -> None:
+        """Buffer the group's increments (they are acknowledged from now on)."""
+        deltas = self._take()
+        if deltas is not None:
+            await self.owner.absorb(deltas, self.increments)
+
+
+def _check_outermost(conn: Conn | AsyncConn, owner: str) -> None:
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise ConfigurationError(f"{owner}.transaction() must open the outermost transaction")
 
 
 _LIVE: weakref.WeakSet[BatchingCounters] = weakref.WeakSet()
@@ -360,10 +409,7 @@ class BatchingCounters(_ErrorReports):
         ``conn`` must not already be in a transaction: an inner block would be a
         savepoint, and the outer transaction could still roll back.
         """
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            raise ConfigurationError(
-                "BatchingCounters.transaction() must open the outermost transaction"
-            )
+        _check_outermost(conn, "BatchingCounters")
         group = self.group()
         rolled_back = False
         with conn.transaction():
@@ -583,11 +629,15 @@ class AsyncBatchingCounters(_ErrorReports):
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def counter(self, name: str) -> Counter:
-        """A counter's declaration, read once (as :class:`BatchingCounters` does)."""
+    async def counter(self, name: str, *, conn: AsyncConn | None = None) -> Counter:
+        """A counter's declaration, read once (as :class:`BatchingCounters` does): on
+        ``conn`` if given (in its current transaction), else on the buffer's database."""
         found = self._declared.get(name)
         if found is None:
-            found = await self.client.counter(name)
+            if conn is None:
+                found = await self.client.counter(name)
+            else:
+                found = await plans.run_async(self.client._counter(name), conn)
             if found.scale is not None:
                 raise InvalidCounterDefinition(
                     f"counter {name} sums decimals: event counters take whole deltas, add to "
@@ -596,9 +646,12 @@ class AsyncBatchingCounters(_ErrorReports):
             self._declared[name] = found
         return found
 
-    async def validate(self, name: str, key: object = None, delta: int = 0) -> BufferKey:
-        """Check an increment (counter declared, key and delta valid); its buffer key."""
-        counter = await self.counter(name)
+    async def validate(
+        self, name: str, key: object = None, delta: int = 0, *, conn: AsyncConn | None = None
+    ) -> BufferKey:
+        """Check an increment (counter declared, key and delta valid); its buffer key. The
+        declaration is read once, on ``conn`` if given (see :meth:`counter`)."""
+        counter = await self.counter(name, conn=conn)
         encoded = tuple(encode_key(key, counter.key_types, name))
         check_delta(delta)
         return name, encoded
@@ -617,8 +670,40 @@ class AsyncBatchingCounters(_ErrorReports):
             k = await self.validate(name, key, delta)
             netted[k] = _summed(netted.get(k, 0), delta, name)
             n += 1
-        if netted and self._pending.absorb(netted, n, self.last_error):
+        await self.absorb(netted, n)
+
+    async def absorb(self, deltas: dict[BufferKey, int], increments: int) -> None:
+        """Buffer already validated, netted increments, all or none."""
+        if deltas and self._pending.absorb(deltas, increments, self.last_error):
             await self._on_full()
+
+    def group(self, conn: AsyncConn | None = None) -> AsyncIncrementGroup:
+        """A group of increments buffered only when it is committed (the declarations it
+        needs read on ``conn`` if given)."""
+        return AsyncIncrementGroup(self, conn)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, conn: AsyncConn) -> AsyncIterator[AsyncIncrementGroup]:
+        """A transaction on ``conn`` whose increments are buffered only if it commits:
+        ``async with events.transaction(conn) as group: ... await group.incr(...)``.
+
+        ``conn`` must not already be in a transaction: an inner block would be a
+        savepoint, and the outer transaction could still roll back.
+        """
+        _check_outermost(conn, "AsyncBatchingCounters")
+        group = self.group(conn)
+        rolled_back = False
+        async with conn.transaction():
+            try:
+                yield group
+            except psycopg.Rollback:
+                # psycopg ends the block quietly, rolled back: count nothing
+                rolled_back = True
+                raise
+        if rolled_back:
+            group.discard()
+        else:
+            await group.commit()
 
     def pending(self) -> int:
         """Acknowledged increments not yet written (in this process)."""

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgcounters import notifications, plans, schema
 from pgcounters.connection import Conn
-from pgcounters.dberrors import translate
+from pgcounters.dberrors import translate, translated
 from pgcounters.errors import (
     ConfigurationError,
     DrainError,
@@ -73,6 +73,7 @@ Increment: TypeAlias = tuple[str, object, int]
 logger = logging.getLogger("pgcounters.drain")
 
 _MAX_ROWS_PER_STATEMENT = 5000
+_ENQUEUE = query("enqueue")  # the statement of a queued increment
 INT_MAX = 2**31 - 1  # a drain batch size is an integer parameter of drain_batch()
 _DRAIN_RETRIES = 5
 
@@ -354,9 +355,26 @@ class _CounterPlans:
         stored value at once and return it (read-your-write). A sum of decimals
         is added to with :meth:`incr_decimal`.
         """
+        params = self._queued(name, key, delta)
+        if params is not None:
+            yield Execute(_ENQUEUE, params)
+            return None
         counter = yield from self._integer(name)
         units = yield from self._incr_units(counter, key, check_delta(delta))
         return None if units is None else int(units)
+
+    def _queued(self, name: str, key: object, delta: int) -> tuple[int, str, int] | None:
+        """The parameters of a queued increment's one INSERT (the statement ``_ENQUEUE``),
+        when ``name`` is a queued integer counter whose declaration is cached; else None
+        (the plan looks it up, or takes another path). Validates the key and the delta.
+
+        The hot path, written once: the plan yields this INSERT, and the clients' ``incr``
+        send it at once, without driving a plan, when they can."""
+        counter = self._cache.get(name)
+        if counter is None or counter.mode != "queued" or counter.scale is not None:
+            return None
+        encoded = encode_key(key, counter.key_types, name)
+        return counter.id, array_literal(encoded), check_delta(delta)
 
     def _incr_decimal(self, name: str, key: object, delta: Decimal | int) -> Plan[Decimal | None]:
         """Add a Decimal (or an int) to a counter: a sum of decimals takes at most its
@@ -1148,7 +1166,17 @@ class Counters(_CounterPlans):
         return self._run(self._counters())
 
     def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
-        return self._run(self._incr(name, key, delta))
+        params = self._queued(name, key, delta)
+        if params is None:
+            return self._run(self._incr(name, key, delta))
+        # the hot path: the one INSERT of a queued counter, sent as the plan would send it
+        if self._pool is None:
+            with translated():
+                self.conn.execute(_ENQUEUE, params)
+            return None
+        with self._pool.connection() as conn, translated():
+            conn.execute(_ENQUEUE, params)
+        return None
 
     def incr_decimal(
         self, name: str, key: object = None, delta: Decimal | int = 1
@@ -1272,10 +1300,18 @@ class AsyncCounters(_CounterPlans):
         return self._pool
 
     async def _run(self, plan: Plan[T]) -> T:
+        # plans.run_async written out: one coroutine less on every call
         if self._pool is None:
-            return await plans.run_async(plan, self.conn, self._read_conn)
+            conn = self.conn
+            with translated():
+                return await plans.drive_async(
+                    plan, conn, conn if self._read_conn is None else self._read_conn
+                )
         async with self._pool.connection() as conn:
-            return await plans.run_async(plan, conn, self._read_conn)
+            with translated():
+                return await plans.drive_async(
+                    plan, conn, conn if self._read_conn is None else self._read_conn
+                )
 
     async def create_counter(self, name: str, key: object = None, mode: Mode = "queued") -> Counter:
         return await self._run(self._create_counter(name, key, mode))
@@ -1301,7 +1337,18 @@ class AsyncCounters(_CounterPlans):
         return await self._run(self._counters())
 
     async def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
-        return await self._run(self._incr(name, key, delta))
+        params = self._queued(name, key, delta)
+        if params is None:
+            return await self._run(self._incr(name, key, delta))
+        # the hot path: the one INSERT of a queued counter, sent as the plan would send it
+        if self._pool is None:
+            with translated():
+                await self.conn.execute(_ENQUEUE, params)
+            return None
+        async with self._pool.connection() as conn:
+            with translated():
+                await conn.execute(_ENQUEUE, params)
+        return None
 
     async def incr_decimal(
         self, name: str, key: object = None, delta: Decimal | int = 1
@@ -1548,6 +1595,8 @@ _NEEDS_QUOTES = re.compile(r'[{}",\\ \t\n\r\v\f]')
 
 
 def _array_element(part: str) -> str:
+    if part.isdigit():  # an integer key's part (the hot path): nothing to quote
+        return part
     if part == "" or _NEEDS_QUOTES.search(part) or (part.isascii() and part.upper() == "NULL"):
         return '"' + part.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return part

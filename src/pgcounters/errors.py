@@ -245,6 +245,11 @@ class InvalidCost(QuotaError, InvalidArgument):
     """The cost of a call must be a positive integer within the range of a bigint."""
 
 
+class InvalidBucketWidth(InvalidQuotaDefinition, InvalidArgument):
+    """Invalid bucket width of a sliding window: not a positive duration, not dividing the
+    window, or making more than 1000 buckets. Also an ``InvalidArgument``."""
+
+
 class InvalidQuotaArgument(QuotaError, InvalidArgument):
     """Invalid argument to a quota operation."""
 

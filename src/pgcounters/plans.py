@@ -41,7 +41,7 @@ Row: TypeAlias = tuple[Any, ...]
 AsyncConn: TypeAlias = psycopg.AsyncConnection[Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built on every call, and a frozen one costs twice
 class Execute:
     """Run one statement; the step's result is its first row (or None), all rows, or None."""
 
@@ -132,7 +132,13 @@ def _drive(plan: Plan[T], conn: Conn, read_conn: Conn) -> T:
             return value
         error = None
         try:
-            result = _step(step, conn, read_conn)
+            if type(step) is Execute and step.fetch == "none" and not step.read:
+                # the hot path (an increment's one INSERT): what the caller's own
+                # conn.execute() would do, with no cursor of ours to open and close
+                conn.execute(step.query, step.params)  # type: ignore[arg-type]
+                result = None
+            else:
+                result = _step(step, conn, read_conn)
         except BaseException as exc:  # KeyboardInterrupt too: the plan may clean up
             result, error = None, exc
 
@@ -166,10 +172,11 @@ def _step(step: Step, conn: Conn, read_conn: Conn) -> Any:
 async def run_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn | None = None) -> T:
     """Run ``plan`` on an async connection (its reads on ``read_conn``, default ``conn``)."""
     with translated():
-        return await _drive_async(plan, conn, conn if read_conn is None else read_conn)
+        return await drive_async(plan, conn, conn if read_conn is None else read_conn)
 
 
-async def _drive_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn) -> T:
+async def drive_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn) -> T:
+    """Run ``plan`` (:func:`run_async` without the translation of driver errors)."""
     result: Any = None
     error: BaseException | None = None
     while True:
@@ -180,7 +187,13 @@ async def _drive_async(plan: Plan[T], conn: AsyncConn, read_conn: AsyncConn) -> 
             return value
         error = None
         try:
-            result = await _step_async(step, conn, read_conn)
+            if type(step) is Execute and step.fetch == "none" and not step.read:
+                # the hot path (an increment's one INSERT): what the caller's own
+                # await conn.execute() would do, with no cursor of ours to open and close
+                await conn.execute(step.query, step.params)  # type: ignore[arg-type]
+                result = None
+            else:
+                result = await _step_async(step, conn, read_conn)
         except BaseException as exc:  # a cancelled task too: the plan may clean up
             result, error = None, exc
 
@@ -201,7 +214,7 @@ async def _step_async(step: Step, conn: AsyncConn, read_conn: AsyncConn) -> Any:
         return None
     if isinstance(step, Transaction):
         async with conn.transaction():
-            return await _drive_async(step.plan, conn, read_conn)
+            return await drive_async(step.plan, conn, read_conn)
     if isinstance(step, Sleep):
         await asyncio.sleep(step.seconds)
         return None

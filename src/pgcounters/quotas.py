@@ -31,6 +31,7 @@ from pgcounters.client import share_docs
 from pgcounters.connection import Conn
 from pgcounters.errors import (
     ConfigurationError,
+    InvalidBucketWidth,
     InvalidCost,
     InvalidQuotaArgument,
     InvalidQuotaDefinition,
@@ -53,7 +54,8 @@ zone), ``"hour"``, ``"minute"``, ``"second"``, a number of seconds, a
 :class:`datetime.timedelta` or a text such as ``"90s"``, ``"15m"``, ``"2h"``,
 ``"1d"`` (fixed windows aligned to the Unix epoch); any of the fixed durations
 after ``"sliding:"`` (``"sliding:hour"``, ``"sliding:15m"``, ``"sliding:1d"``) for a
-sliding window of that length."""
+sliding window of that length, optionally followed by ``by`` and the width of its buckets
+(``"sliding:hour by 1m"``, ``"sliding:day by 15m"``)."""
 
 SLIDING_PREFIX = "sliding:"
 DEFAULT_BUCKETS = 60
@@ -61,6 +63,8 @@ MAX_BUCKETS = 1000
 
 MAX_SUBJECT = 1000
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+# "<sliding window> by <bucket width>"
+_BY_RE = re.compile(r"\s+by(?:\s+|\s*$)", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -189,7 +193,11 @@ class PurgeResult:
 
 
 def parse_window(window: Window) -> tuple[Period, int | None]:
-    """``(period, window_seconds)`` of a window given as in :data:`Window`."""
+    """``(period, window_seconds)`` of a window given as in :data:`Window` (a bucket width
+    written after ``by`` is checked too: see :func:`window_bucket_width`)."""
+    if isinstance(window, str) and _BY_RE.search(window):
+        length, _width = _split_width(window)
+        return "sliding", _sliding_seconds(length)
     if isinstance(window, str) and window.strip().lower().startswith(SLIDING_PREFIX):
         return "sliding", _sliding_seconds(window)
     if isinstance(window, bool):
@@ -239,9 +247,42 @@ def _sliding_seconds(window: str) -> int:
     return found
 
 
+def _split_width(window: str) -> tuple[str, int]:
+    """``(the sliding window, its bucket width in seconds)`` of ``"<window> by <width>"``,
+    the width checked against the window (:func:`bucket_seconds`)."""
+    parts = _BY_RE.split(window.strip())
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        raise InvalidBucketWidth(
+            f"invalid window {window!r}: write a sliding window, by and the width of its "
+            "buckets, such as sliding:hour by 1m"
+        )
+    length, width_text = parts
+    if not length.strip().lower().startswith(SLIDING_PREFIX):
+        raise InvalidBucketWidth(
+            f"invalid window {window!r}: only a sliding window has buckets (sliding:"
+            f"{length.strip()} by {width_text.strip()})"
+        )
+    seconds = _sliding_seconds(length)
+    return length, bucket_seconds(seconds, width_text)
+
+
+def window_bucket_width(window: Window) -> int | None:
+    """The bucket width, in seconds, written in ``window`` (``"sliding:hour by 1m"`` -> 60);
+    None when it names none (a sliding window's default width is then a sixtieth)."""
+    if isinstance(window, str) and _BY_RE.search(window):
+        return _split_width(window)[1]
+    return None
+
+
 def sliding_window(window: Window) -> str:
     """The sliding window as long as ``window``: ``"hour"`` -> ``"sliding:3600s"``,
-    ``"day"`` -> ``"sliding:86400s"`` (24 hours), ``"sliding:15m"`` -> ``"sliding:900s"``."""
+    ``"day"`` -> ``"sliding:86400s"`` (24 hours), ``"sliding:15m"`` -> ``"sliding:900s"``,
+    ``"hour by 1m"`` -> ``"sliding:3600s by 60s"``."""
+    if isinstance(window, str) and _BY_RE.search(window):
+        length, width_text = _BY_RE.split(window.strip(), maxsplit=1)
+        length = sliding_window(length)
+        width = _split_width(f"{length} by {width_text}")[1]
+        return f"{length} by {width}s"
     if isinstance(window, str) and not window.strip().lower().startswith(SLIDING_PREFIX):
         window = SLIDING_PREFIX + window
     elif not isinstance(window, str):
@@ -264,16 +305,28 @@ def bucket_seconds(window_seconds: int, granularity: Window | None) -> int:
         while window_seconds % width:
             width -= 1
     else:
-        period, seconds = parse_window(granularity)
-        if period != "fixed" or seconds is None:
-            raise InvalidQuotaDefinition(
-                f"invalid granularity {granularity!r}: use a duration such as 1s, 1m or 15m"
+        try:
+            period, seconds = parse_window(granularity)
+        except InvalidQuotaDefinition:
+            period, seconds = "fixed", 0
+        if period != "fixed" or seconds is None or seconds <= 0:
+            raise InvalidBucketWidth(
+                f"invalid bucket width {granularity!r}: use a positive duration such as 1s, "
+                "1m or 15m"
             )
         width = seconds
-    if window_seconds % width or window_seconds // width > MAX_BUCKETS:
-        raise InvalidQuotaDefinition(
-            f"the buckets of a sliding window must divide its {window_seconds} seconds into at "
-            f"most {MAX_BUCKETS} equal parts, got {width} seconds"
+        if window_seconds % width:
+            raise InvalidBucketWidth(
+                f"buckets of {width}s do not divide a sliding window of {window_seconds}s: "
+                f"use a width that does, such as {bucket_seconds(window_seconds, None)}s"
+            )
+    if window_seconds // width > MAX_BUCKETS:
+        narrowest = -(-window_seconds // MAX_BUCKETS)
+        while window_seconds % narrowest:
+            narrowest += 1
+        raise InvalidBucketWidth(
+            f"buckets of {width}s make {window_seconds // width} buckets of a sliding window of "
+            f"{window_seconds}s: at most {MAX_BUCKETS} (the narrowest width is {narrowest}s)"
         )
     return width
 
@@ -420,6 +473,14 @@ class _QuotaPlans:
                 f"(got {time_zone!r}); time zones apply to day, week and month windows"
             )
         width: int | None = None
+        written = window_bucket_width(window)
+        if written is not None:
+            if granularity is not None and bucket_seconds(seconds or 0, granularity) != written:
+                raise InvalidBucketWidth(
+                    f"the window {window!r} and granularity={granularity!r} give two bucket "
+                    "widths: give one"
+                )
+            granularity = f"{written}s"
         if period == "sliding":
             assert seconds is not None
             width = bucket_seconds(seconds, granularity)

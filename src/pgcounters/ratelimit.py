@@ -12,7 +12,7 @@ import math
 from typing import Literal, TypeAlias
 
 from pgcounters.errors import InvalidQuotaDefinition
-from pgcounters.quotas import CallResult, Window, parse_window
+from pgcounters.quotas import CallResult, Window, parse_window, sliding_window
 
 HeaderStyle: TypeAlias = Literal["ratelimit", "x-ratelimit", "both", "none"]
 HEADER_STYLES: tuple[HeaderStyle, ...] = ("ratelimit", "x-ratelimit", "both", "none")
@@ -38,13 +38,16 @@ def retry_after(result: CallResult) -> str:
     return str(max(math.ceil(result.retry_after), 1))
 
 
-def parse_rate(rate: str) -> tuple[int, Window]:
+def parse_rate(rate: str, *, sliding: bool = False) -> tuple[int, Window]:
     """``(calls, window)`` of a rate string: ``"1000/day"``, ``"10/minute"``, ``"5/15m"``,
-    ``"100/sliding:hour"``.
+    ``"100/sliding:hour"``, ``"100/sliding:hour by 1m"``.
 
     The window is anything :func:`pgcounters.quotas.parse_window` reads (``second``,
     ``minute``, ``hour``, ``day``, ``week``, ``month``, a duration such as ``90s``, or
-    ``sliding:`` and a fixed length for a sliding window).
+    ``sliding:`` and a fixed length for a sliding window, optionally followed by ``by``
+    and the width of its buckets: ``sliding:hour by 1m``). With ``sliding=True`` (the
+    decorator, the middlewares, the dependency) ``"100/hour by 1m"`` is the same as
+    ``"100/sliding:hour by 1m"``. A bad width raises :class:`InvalidBucketWidth`.
     """
     if not isinstance(rate, str) or rate.count("/") != 1:
         raise InvalidQuotaDefinition(
@@ -55,5 +58,7 @@ def parse_rate(rate: str) -> tuple[int, Window]:
         raise InvalidQuotaDefinition(
             f"invalid rate {rate!r}: the number of calls must be a positive integer"
         )
+    if sliding:
+        return int(calls_text), sliding_window(window)  # raises for a window it cannot read
     parse_window(window)  # raises for a window it cannot read
     return int(calls_text), window

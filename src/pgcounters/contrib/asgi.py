@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, TypeAlias
 
 from pgcounters.errors import ConfigurationError
-from pgcounters.quotas import AsyncQuotas, CallResult, check_quota_name, sliding_window
+from pgcounters.quotas import AsyncQuotas, CallResult, check_quota_name
 from pgcounters.ratelimit import (
     HEADER_STYLES,
     HeaderStyle,
@@ -154,11 +154,9 @@ class RateLimitMiddleware:
         self.app = app
         self.quotas = quotas
         self.quota = quota
-        self.rate = None if rate is None else parse_rate(rate)
-        if sliding and self.rate is None:
+        if sliding and rate is None:
             raise ConfigurationError("sliding=True goes with a rate, such as rate='100/hour'")
-        if sliding and self.rate is not None:
-            self.rate = (self.rate[0], sliding_window(self.rate[1]))
+        self.rate = None if rate is None else parse_rate(rate, sliding=sliding)
         self.key = key
         self.cost = cost
         self.paths = tuple(paths)

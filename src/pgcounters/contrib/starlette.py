@@ -30,7 +30,7 @@ from pgcounters.quotas import (
     Window,
     check_quota_name,
     parse_window,
-    sliding_window,
+    window_bucket_width,
 )
 from pgcounters.ratelimit import (
     HEADER_STYLES,
@@ -50,10 +50,10 @@ AuthenticationMiddleware sets it), ``"header:<Name>"``, or a callable
 
 def quota_name(rate: str, sliding: bool = False) -> str:
     """The quota a :class:`RateLimit` without a ``quota`` uses: ``ratelimit:<calls>/<window>``,
-    such as ``ratelimit:10/60s`` or ``ratelimit:10/sliding:60s``."""
-    calls, window = parse_rate(rate)
-    text = sliding_window(window) if sliding else _normal_window(window)
-    return f"ratelimit:{calls}/{text}"
+    such as ``ratelimit:10/60s``, ``ratelimit:10/sliding:60s`` or, with a bucket width,
+    ``ratelimit:100/sliding:3600s/60s``."""
+    calls, window = parse_rate(rate, sliding=sliding)
+    return f"ratelimit:{calls}/{_normal_window(window)}"
 
 
 def _normal_window(window: Window) -> str:
@@ -61,7 +61,8 @@ def _normal_window(window: Window) -> str:
     if period == "fixed":
         return f"{seconds}s"
     if period == "sliding":
-        return f"sliding:{seconds}s"
+        width = window_bucket_width(window)
+        return f"sliding:{seconds}s" + ("" if width is None else f"/{width}s")
     return period
 
 
@@ -99,9 +100,7 @@ class RateLimit:
         ip_header: str | None = None,
         block: bool = True,
     ) -> None:
-        calls, window = parse_rate(rate)
-        self.calls = calls
-        self.window = sliding_window(window) if sliding else window
+        self.calls, self.window = parse_rate(rate, sliding=sliding)
         self.quota = check_quota_name(quota) if quota is not None else quota_name(rate, sliding)
         if not callable(key) and not (
             key in KEY_NAMES

@@ -32,7 +32,7 @@ from django.utils.module_loading import import_string
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.errors import SettingsError
 from pgcounters.errors import PgCountersError
-from pgcounters.quotas import CallResult, Quotas, Window, sliding_window
+from pgcounters.quotas import CallResult, Quotas, Window
 from pgcounters.ratelimit import (
     HEADER_STYLES,
     HeaderStyle,
@@ -134,8 +134,7 @@ def rate_definition(rate: str, sliding: object = False) -> tuple[int, Window]:
     """``(calls, window)`` of a rate, its window made sliding when ``sliding``."""
     if not isinstance(sliding, bool):
         raise SettingsError(f"sliding must be True or False, got {sliding!r}")
-    calls, window = parse_rate(rate)
-    return calls, sliding_window(window) if sliding else window
+    return parse_rate(rate, sliding=sliding)
 
 
 def _define(

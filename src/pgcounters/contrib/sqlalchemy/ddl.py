@@ -305,6 +305,13 @@ def state(
 
 KEY_SLOT = "\x00key\x00"
 COLUMN_SLOT = "\x00column\x00"
+# Around the unlogged queue's term of exact(): a hot standby cannot plan a statement
+# naming an unlogged table (and holds no unlogged rows), so the statement sent to one
+# has the term replaced by 0 (see declarations.for_standby); the counter's name (in hex:
+# a name may hold "/", and comments nest) follows the opening mark when the counter
+# itself is unlogged, read on the primary only.
+UNLOGGED_MARK = "/*pgcounters:unlogged-queue "
+UNLOGGED_END = "/*pgcounters:end*/"
 
 
 def exact_sql(spec: CounterSpec) -> str:
@@ -329,7 +336,12 @@ def exact_sql(spec: CounterSpec) -> str:
         key_type=sql.SQL(t.key_type),
         stored=column_units(spec, sql.SQL("coalesce({}, 0)").format(column)),
         pending=pending[0],
-        pending_unlogged=pending[1],
+        pending_unlogged=sql.SQL("{}{}*/ {} {}").format(
+            sql.SQL(UNLOGGED_MARK),
+            sql.SQL(spec.name.encode().hex() if spec.mode == "unlogged" else ""),
+            pending[1],
+            sql.SQL(UNLOGGED_END),
+        ),
         truth=truth,
     )
     if spec.scale is None:  # sum() of bigints is a numeric: an integer counter reads as one

@@ -19,13 +19,25 @@ raw SQL, another program)::
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, Numeric, Table, event
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    Numeric,
+    Table,
+    event,
+)
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import (
@@ -42,7 +54,7 @@ from sqlalchemy.types import TypeEngine
 
 from pgcounters.client import MODES, Mode
 from pgcounters.contrib.sqlalchemy import ddl
-from pgcounters.errors import InvalidArgument, InvalidCounterDefinition
+from pgcounters.errors import InvalidArgument, InvalidCounterDefinition, ReplicaError
 from pgcounters.keys import KeyType
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment
 from pgcounters.specs import Table as SpecTable
@@ -362,6 +374,48 @@ def _compile_exact(element: Exact, compiler: SQLCompiler, **kw: Any) -> str:
     key = compiler.process(element.key_column, **kw)
     column = compiler.process(element.counted_column, **kw)
     return text.replace(ddl.KEY_SLOT, key).replace(ddl.COLUMN_SLOT, column)
+
+
+_UNLOGGED_TERM = re.compile(
+    re.escape(ddl.UNLOGGED_MARK) + r"([0-9a-f]*)\*/.*?" + re.escape(ddl.UNLOGGED_END), re.DOTALL
+)
+
+
+def for_standby(statement: str) -> str:
+    """``statement`` as a hot standby can run it: each exact() without the unlogged queue's
+    term (a standby cannot plan a statement naming an unlogged table, and holds no
+    unlogged rows). An unlogged counter's exact() raises ReplicaError: its pending deltas
+    exist only on the primary."""
+
+    def drop(match: re.Match[str]) -> str:
+        if match.group(1):
+            name = bytes.fromhex(match.group(1)).decode()
+            raise ReplicaError(
+                f"counter {name!r} is unlogged: its pending deltas exist only on the primary, "
+                "read it there (its stored value is readable here)"
+            )
+        return "0"
+
+    return _UNLOGGED_TERM.sub(drop, statement)
+
+
+@event.listens_for(Engine, "before_cursor_execute", retval=True)
+def _exact_on_standby(
+    conn: Connection,
+    cursor: Any,
+    statement: str,
+    parameters: Any,
+    context: Any,
+    executemany: bool,
+) -> tuple[str, Any]:
+    """Every engine's statements: one holding an exact() sent to a hot standby is rewritten
+    with :func:`for_standby` (PostgreSQL 14+ reports the standby to the driver: no query)."""
+    if ddl.UNLOGGED_MARK in statement:
+        driver = conn.connection.driver_connection
+        info = getattr(driver, "info", None)
+        if info is not None and info.parameter_status("in_hot_standby") == "on":
+            statement = for_standby(statement)
+    return statement, parameters
 
 
 def counter_spec(attribute: Any) -> CounterSpec:
