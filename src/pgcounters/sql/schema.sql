@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 22
+-- version: 25
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -2086,15 +2086,17 @@ $$;
 
 -- True when counting is paused in this session for the named counter
 -- (pgcounters.paused = 'all' or a comma-separated list of names), for a role
--- that may pause; PC error for any other role.
+-- that may pause; PC error for any other role. One expression without FROM
+-- (version 25): PostgreSQL inlines it into each trigger's IF, no function call.
 CREATE FUNCTION pgcounters.is_paused(p_name text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN coalesce(s, '') = '' THEN false
-        WHEN s = 'all' OR p_name = ANY (string_to_array(s, ',')) THEN pgcounters._check_may_pause()
+        WHEN coalesce(current_setting('pgcounters.paused', true), '') = '' THEN false
+        WHEN current_setting('pgcounters.paused', true) = 'all'
+             OR p_name = ANY (string_to_array(current_setting('pgcounters.paused', true), ','))
+            THEN pgcounters._check_may_pause()
         ELSE false
     END
-      FROM (SELECT current_setting('pgcounters.paused', true) AS s) AS setting
 $$;
 
 -- The roles that may pause counting besides the schema's owner and superusers
