@@ -2508,9 +2508,9 @@ CREATE TABLE pgcounters.stale_counters (
     statements bigint NOT NULL DEFAULT 1
 );
 
--- Fires, in every mode, for a statement of a replica-mode session on a counted
--- table (or one of its descendants): each counter of the table that does not
--- count such writes is recorded as stale.
+-- Fires for a statement of a replica-mode session on a counted table (or one
+-- of its descendants): each counter of the table that does not count such
+-- writes is recorded as stale.
 CREATE FUNCTION pgcounters._replica_write() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
@@ -2533,7 +2533,11 @@ $$;
 
 -- Bring every counted table in line: the watch triggers on each table that
 -- carries a counter's triggers (and on no other), and each counter's triggers
--- enabled in origin mode ('flag') or in every mode ('count').
+-- enabled in origin mode ('flag') or in every mode ('count'). The watch
+-- triggers are enabled in replica mode only (version 25; before, in every mode
+-- with the same WHEN): in any other session PostgreSQL skips them without
+-- evaluating their condition, which cost every statement of a counted table
+-- about 1 µs.
 CREATE FUNCTION pgcounters._sync_replica_writes() RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2554,8 +2558,19 @@ BEGIN
                        ' EXECUTE FUNCTION pgcounters._replica_write()', r.tbl);
         EXECUTE format('CREATE TRIGGER pgc_replica_watch_trn AFTER TRUNCATE ON %s'
                        ' FOR EACH STATEMENT EXECUTE FUNCTION pgcounters._replica_write()', r.tbl);
-        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pgc_replica_watch', r.tbl);
-        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER pgc_replica_watch_trn', r.tbl);
+        EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER pgc_replica_watch', r.tbl);
+        EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER pgc_replica_watch_trn', r.tbl);
+    END LOOP;
+    -- the watch triggers an earlier version enabled in every mode
+    FOR r IN
+        SELECT w.tgrelid::regclass AS tbl, w.tgname
+          FROM pg_catalog.pg_trigger AS w
+         WHERE w.tgname IN ('pgc_replica_watch', 'pgc_replica_watch_trn')
+           AND w.tgfoid = 'pgcounters._replica_write'::regproc
+           AND w.tgenabled = 'A'
+         ORDER BY 1, 2
+    LOOP
+        EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', r.tbl, r.tgname);
     END LOOP;
     FOR r IN
         SELECT w.tgrelid::regclass AS tbl

@@ -6,4 +6,4 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 class Migration(migrations.Migration):
     initial = False
     dependencies = [("pgcounters", "0024_static_drain")]
-    operations = [ApplySchemaMigration("0025_inline_pause_check")]
+    operations = [ApplySchemaMigration("0025_trigger_checks")]
