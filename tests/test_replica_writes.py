@@ -112,6 +112,36 @@ def test_truncate_in_replica_mode_is_flagged(dsn: str, conn: Conn) -> None:
     assert {d.state for d in triggers.drift(conn)} == {"stale"}
 
 
+def _watch_states(conn: Conn) -> list[tuple[str, str]]:
+    return [
+        (str(name), str(state))
+        for name, state in conn.execute(
+            "SELECT tgname, tgenabled FROM pg_catalog.pg_trigger"
+            " WHERE tgrelid = 'blog_comment'::regclass AND tgname LIKE 'pgc_replica_watch%'"
+            " ORDER BY 1"
+        ).fetchall()
+    ]
+
+
+def test_the_watch_is_enabled_in_replica_mode_only(dsn: str, conn: Conn) -> None:
+    """Other sessions skip the watch triggers without evaluating their condition; a
+    replica-mode session still fires them (the counters are flagged), and a watch an earlier
+    version enabled in every mode is turned to replica mode when counters are followed."""
+    blog_schema.create(conn)
+    triggers.install(conn, blog_schema.specs())
+    replica_only = [("pgc_replica_watch", "R"), ("pgc_replica_watch_trn", "R")]
+    assert _watch_states(conn) == replica_only
+    conn.execute("ALTER TABLE blog_comment ENABLE ALWAYS TRIGGER pgc_replica_watch")
+    conn.execute("ALTER TABLE blog_comment ENABLE ALWAYS TRIGGER pgc_replica_watch_trn")
+    triggers.follow(conn)
+    assert _watch_states(conn) == replica_only
+    conn.execute("INSERT INTO blog_comment (article_id, publish_status) VALUES (1, 'public')")
+    assert {d.state for d in triggers.drift(conn)} == {"installed"}  # origin mode: no flag
+    with _replica(dsn) as replica:
+        replica.execute("UPDATE blog_comment SET publish_status = 'hidden'")
+    assert {d.state for d in triggers.drift(conn)} == {"stale"}
+
+
 def test_bad_choices_are_clear_errors(conn: Conn) -> None:
     blog_schema.create(conn)
     triggers.install(conn, blog_schema.specs())

@@ -352,6 +352,32 @@ def test_pausing_one_counter_leaves_the_others(blog: Conn) -> None:
     assert Counters(blog).get("blog.comments_total") == 1
 
 
+def test_the_pause_check_is_an_expression_postgresql_inlines(blog: Conn) -> None:
+    """Every trigger of every statement asks is_paused: PostgreSQL folds the function into
+    the caller's expression (no call of a SQL function of its own), whatever the setting."""
+    for setting in ("", "all", "blog.x,blog.y"):
+        blog.execute("SELECT set_config('pgcounters.paused', %s, false)", (setting,))
+        plan = blog.execute(
+            "EXPLAIN (VERBOSE, COSTS OFF) SELECT pgcounters.is_paused('blog.y')"
+        ).fetchall()
+        output = " ".join(str(line[0]) for line in plan)
+        assert "is_paused" not in output, output
+        assert "current_setting" in output, output
+    blog.execute("RESET pgcounters.paused")
+    # the same answers as before
+    for setting, name, expected in (
+        ("", "blog.y", False),
+        ("all", "blog.y", True),
+        ("blog.x,blog.y", "blog.y", True),
+        ("blog.x,blog.y", "blog.z", False),
+        ("blog.x, blog.y", "blog.y", False),  # names are not trimmed
+    ):
+        blog.execute("SELECT set_config('pgcounters.paused', %s, false)", (setting,))
+        row = blog.execute("SELECT pgcounters.is_paused(%s)", (name,)).fetchone()
+        assert row == (expected,), (setting, name)
+    blog.execute("RESET pgcounters.paused")
+
+
 def test_recount_resumes_and_takes_key_ranges(blog: Conn) -> None:
     spec = blog_schema.specs()[0]
     triggers.install(blog, [spec])
