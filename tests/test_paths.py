@@ -664,3 +664,50 @@ def test_a_parent_whose_key_changes_keeps_the_count_of_its_rows(
     truth.assert_exact(conn, [counted])
     truth.assert_drained(conn, [counted])
     assert conn.execute("SELECT articles FROM p_author WHERE id = 10").fetchone() == (3,)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_random_key_changes_beside_other_writes_equal_the_truth(conn: Conn, mode: str) -> None:
+    """Statements that change some articles' ids (cascaded to their comments and tags) and
+    other columns of other articles at once, among ordinary writes, in random order."""
+    conn.execute(DDL)
+    conn.execute(CASCADE_KEYS)
+    pc = Counters(conn)
+    triggers.install(conn, specs(mode))
+    _seed(conn)
+    rnd = random.Random(f"keys-{mode}")
+    for step in range(40):
+        choice, a, u = rnd.random(), rnd.randint(0, 3), rnd.randint(1, 4)
+        if choice < 0.35:
+            # one statement: some rows get a new id, the others are unpublished or moved
+            conn.execute(
+                "UPDATE blog_article SET id = CASE WHEN id %% 4 = %s THEN id + 1000 ELSE id END,"
+                " published = CASE WHEN id %% 4 = %s THEN published ELSE NOT published END,"
+                " author_id = CASE WHEN id %% 3 = 0"
+                " THEN (SELECT id FROM blog_author ORDER BY id OFFSET %s LIMIT 1)"
+                " ELSE author_id END",
+                (a, a, u - 1),
+            )
+        elif choice < 0.5:
+            conn.execute(
+                "UPDATE blog_author SET id = id + 100 WHERE id = (SELECT min(id) FROM blog_author"
+                " WHERE id > 1)"
+            )
+        elif choice < 0.7:
+            conn.execute(
+                "INSERT INTO blog_comment (article_id, public, score)"
+                " SELECT id, id %% 2 = 0, %s FROM blog_article WHERE id %% 4 = %s",
+                (step, a),
+            )
+        elif choice < 0.85:
+            conn.execute(
+                "INSERT INTO blog_article_tags (article_id, tag_id) SELECT id, %s"
+                " FROM blog_article WHERE id %% 2 = %s ON CONFLICT DO NOTHING",
+                (u, a % 2),
+            )
+        elif choice < 0.95:
+            conn.execute("DELETE FROM blog_article WHERE id %% 7 = %s", (a,))
+        else:
+            pc.drain()
+        truth.assert_exact(conn, TRUTHS)
+    _check(conn)

@@ -674,14 +674,15 @@ def compile_key_guard(spec: CounterSpec) -> CompiledTrigger:
 
 
 def events_of(spec: CounterSpec) -> tuple[Event, ...]:
-    """The triggers a spec has: four on its source table, two guards for a counter column,
-    four on each table of its path."""
+    """The triggers a spec has: four on its source table, three guards for a counter column,
+    five on each table of its path."""
     path = tuple(e for step in VIA_EVENTS[: len(spec.via)] for e in step)
     return (EVENTS + GUARD_EVENTS if isinstance(spec.target, ColumnTarget) else EVENTS) + path
 
 
 def compile_spec(spec: CounterSpec) -> CompiledSpec:
-    """Compile a spec into its triggers: four counting ones, and the guards of a column."""
+    """Compile a spec into its triggers: four counting ones, the guards of a column, and
+    those of the tables of its path."""
     triggers = [compile_trigger(spec, event) for event in EVENTS]
     if isinstance(spec.target, ColumnTarget):
         triggers += [
@@ -831,6 +832,7 @@ def compile_via_trigger(spec: CounterSpec, step: int, event: Event) -> CompiledT
       row above them and counts nothing; when the application deleted them first (Django),
       this finds none. The delta is queued (in direct mode too).
     * TRUNCATE: nothing counts through the table any more (the counter is reset).
+    * A change of the row's key: :func:`compile_via_key_trigger`.
     """
     base = event.partition("_")[2]
     if base == "key":
