@@ -196,6 +196,18 @@ def press_truths() -> list[truth.Truth]:
             Count("stories", filter=Q(stories__published=True)),
         ),
         _column("press.label.stories_unlogged", Label, "stories_unlogged", Count("stories")),
+        _column(
+            "press.writer.published_label_links",
+            Writer,
+            "published_label_links",
+            Count("stories__labels", filter=Q(stories__published=True)),
+        ),
+        _column(
+            "press.writer.label_links_direct",
+            Writer,
+            "label_links_direct",
+            Count("stories__labels"),
+        ),
         _column("press.story.label_count", Story, "label_count", Count("labels")),
         _column(
             "press.story.active_labels",

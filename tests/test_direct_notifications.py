@@ -446,3 +446,49 @@ def test_the_notes_of_a_killed_worker_are_reported_by_the_next_reporting_worker(
         wait_for(lambda: _merged(calls).get("views") == {(0,), (1,)})
         assert _listeners(conn) == 1
     assert errors == []
+
+
+def test_an_application_role_cannot_note_changes_by_calling_note_direct(
+    dsn: str, blog: Conn, pc: Counters
+) -> None:
+    """note_direct is the triggers' and the counters' writers': an application role that
+    calls it by hand (a forged cache invalidation, a growing table) is refused, while its
+    ordinary writes still note what they change, through the triggers and the client."""
+    pc.create_counter("views", int, mode="direct")
+    listen_direct(blog)
+    named, column = (
+        blog.execute("SELECT id FROM pgcounters.targets WHERE name = %s", (name,)).fetchone()
+        for name in ("comments.per_article", "article.comments")
+    )
+    assert named is not None
+    assert column is not None
+    with login_role(dsn, "pgc_app") as (role, role_dsn):
+        security.grant_app(blog, role)
+        blog.execute(sql.SQL("GRANT INSERT ON comment TO {}").format(sql.Identifier(role)))
+        blog.execute(
+            sql.SQL("GRANT USAGE ON SEQUENCE comment_id_seq TO {}").format(sql.Identifier(role))
+        )
+        with psycopg.connect(role_dsn, autocommit=True) as app:
+            refused = psycopg.errors.InsufficientPrivilege
+            with pytest.raises(refused, match="note_direct notes the changes of a direct"):
+                app.execute("SELECT pgcounters.note_direct(%s, ARRAY[ARRAY['{7}']])", named)
+            # a counter column the role may write: only the keys of rows it wrote
+            with pytest.raises(refused, match=r"may not write counter id .* these keys"):
+                app.execute("SELECT pgcounters.note_direct(%s, ARRAY[7])", column)
+            views = blog.execute("SELECT id FROM pgcounters.targets WHERE name = 'views'")
+            row = views.fetchone()
+            assert row is not None
+            with pytest.raises(refused, match=f"role {role} may not write counter id"):
+                app.execute("SELECT pgcounters.note_direct(%s, ARRAY[ARRAY['{1}']])", (row[0],))
+            assert _notes(blog) == 0
+            # what the role may do still notes its changes: a counted write (the triggers),
+            # an increment of a direct named counter (add_direct), of a counter column
+            app.execute("INSERT INTO comment (article_id) VALUES (2)")
+            client = Counters(app)
+            client.incr("views", 4)
+            client.incr("article.comments", 5, 1)
+    assert take_direct(blog) == {
+        "comments.per_article": {(2,)},
+        "article.comments": {(2,), (5,)},
+        "views": {(4,)},
+    }

@@ -21,7 +21,7 @@ import truth
 from django_support import drain, press_truths
 from pgcounters import Counters, triggers
 from pgcounters.connection import Conn
-from pgcounters.contrib.django import Exact, declared_counters
+from pgcounters.contrib.django import CountField, Exact, declared_counters
 from pgcounters.contrib.django.db import dsn
 from pgcounters.contrib.django.declarations import _path_fragment
 from pgcounters.contrib.django.orm_truth import verify_orm
@@ -82,6 +82,45 @@ def test_the_declarations_compile_to_paths() -> None:
     assert [v.table.name for v in per_label.via] == ["press_story"]
     plain = by_name["press.story.label_count"]
     assert (plain.source.name, plain.keys, plain.via) == ("press_story_labels", ("story_id",), ())
+
+
+def test_a_path_ending_with_a_many_to_many_counts_the_links() -> None:
+    """`"stories__labels"`: the through table's rows, per writer through their story; the
+    filter is on the link rows, whose story is on the path."""
+    by_name = {spec.name: spec for _, spec in declared_counters()}
+    links = by_name["press.writer.published_label_links"]
+    assert links.source.name == "press_story_labels"
+    assert [(v.table.name, v.link, v.key) for v in links.via] == [("press_story", "story_id", "id")]
+    assert links.keys == ("writer_id",)
+    assert links.where is not None
+    assert '"press_story"."published"' in links.where.sql
+
+
+@pytest.mark.parametrize(
+    ("relation", "options", "message"),
+    [
+        # through a many-to-many, a row reaches several rows above it
+        ("stories__remarks", {}, "may only end a path"),
+        # the other side (the label) is not on the path up to the writer
+        ("stories__labels", {"filter": Q(label__active=True)}, "nothing else"),
+        ("stories__labels", {"field": "label_id"}, "sums nothing"),
+    ],
+)
+def test_paths_a_many_to_many_cannot_take_are_refused(
+    relation: str, options: dict[str, Any], message: str
+) -> None:
+    from pgcounters.contrib.django import SumField
+
+    model = Label if relation == "stories__remarks" else Writer
+    field: Any = (
+        SumField(relation, options["field"])
+        if "field" in options
+        else CountField(relation, filter=options.get("filter"))
+    )
+    field.set_attributes_from_name("probe")
+    field.model = model
+    with pytest.raises(InvalidCounterDefinition, match=message):
+        field.spec()
 
 
 def test_a_filter_off_the_path_is_refused() -> None:

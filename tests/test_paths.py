@@ -22,7 +22,11 @@ from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget, V
 from support import wait_for_lock_wait
 
 DDL = """
-CREATE TABLE blog_author (id bigserial PRIMARY KEY, public_comments bigint NOT NULL DEFAULT 0);
+CREATE TABLE blog_author (
+    id bigserial PRIMARY KEY,
+    public_comments bigint NOT NULL DEFAULT 0,
+    tag_links bigint NOT NULL DEFAULT 0
+);
 CREATE TABLE blog_article (
     id bigserial PRIMARY KEY,
     author_id bigint REFERENCES blog_author ON DELETE CASCADE,
@@ -52,6 +56,7 @@ INSERT INTO blog_tag (id) SELECT g FROM generate_series(1, 4) AS g;
 PUBLIC = "blog.author.public_comments"
 SCORE = "blog.author_score_published"
 TAGS = "blog.tag.published_articles"
+TAG_LINKS = "blog.author.tag_links"
 MODES = ("queued", "unlogged", "direct")
 
 
@@ -83,6 +88,16 @@ def specs(mode: Any = "queued") -> list[CounterSpec]:
             target=NamedTarget(("bigint",)),
             mode=mode,
         ),
+        # a many-to-many with more levels: the (article, tag) links of each author's
+        # published articles (Author <- Article <-> Tag)
+        CounterSpec(
+            name=TAG_LINKS,
+            source="blog_article_tags",
+            keys=("author_id",),
+            via=(Via("blog_article", "article_id", where=Fragment('"blog_article".published')),),
+            target=ColumnTarget("blog_author", "tag_links"),
+            mode=mode,
+        ),
     ]
 
 
@@ -104,6 +119,13 @@ TRUTHS = [
         TAGS,
         "SELECT t.tag_id, count(*) FROM blog_article_tags AS t JOIN blog_article AS a"
         " ON a.id = t.article_id WHERE a.published GROUP BY t.tag_id",
+    ),
+    truth.from_sql(
+        TAG_LINKS,
+        "SELECT u.id, count(t.id) FROM blog_author AS u LEFT JOIN blog_article AS a"
+        " ON a.author_id = u.id AND a.published LEFT JOIN blog_article_tags AS t"
+        " ON t.article_id = a.id GROUP BY u.id",
+        stored="SELECT id, tag_links FROM blog_author",
     ),
 ]
 
@@ -133,7 +155,7 @@ def _seed(conn: Conn) -> None:
 def _check(conn: Conn) -> None:
     truth.assert_exact(conn, TRUTHS)
     truth.assert_drained(conn, TRUTHS)
-    for name in (PUBLIC, SCORE, TAGS):
+    for name in (PUBLIC, SCORE, TAGS, TAG_LINKS):
         assert verify(conn, name).mismatches == []
 
 
@@ -276,7 +298,7 @@ def test_recount_repairs_a_path_counter(conn: Conn) -> None:
     with triggers.paused(conn):
         conn.execute("UPDATE blog_article SET author_id = 2")
     assert verify(conn, PUBLIC).mismatches != []
-    for name in (PUBLIC, SCORE, TAGS):
+    for name in (PUBLIC, SCORE, TAGS, TAG_LINKS):
         recount(conn, name)
     _check(conn)
 
@@ -326,7 +348,9 @@ def test_a_path_that_does_not_compile_is_refused(conn: Conn) -> None:
 
 def test_a_change_to_a_middle_table_that_breaks_a_counter_is_refused(conn: Conn) -> None:
     _blog(conn)
-    with pytest.raises(psycopg.Error, match=r"breaks counter blog\.author_score_published"):
+    with pytest.raises(
+        psycopg.Error, match=r"breaks counter blog\.author(_score_published|\.tag_links)"
+    ):
         conn.execute("ALTER TABLE blog_article DROP COLUMN published")
     with pytest.raises(psycopg.Error, match=r"breaks counter blog\.author\.public_comments"):
         conn.execute("ALTER TABLE blog_article RENAME COLUMN author_id TO writer_id")
@@ -337,8 +361,8 @@ def test_a_change_to_a_middle_table_that_breaks_a_counter_is_refused(conn: Conn)
 def test_uninstall_removes_the_triggers_of_the_path(conn: Conn) -> None:
     _blog(conn)
     on_articles = "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'blog_article'::regclass"
-    assert conn.execute(on_articles + " AND NOT tgisinternal").fetchone() == (12,)
-    for name in (PUBLIC, SCORE, TAGS):
+    assert conn.execute(on_articles + " AND NOT tgisinternal").fetchone() == (20,)
+    for name in (PUBLIC, SCORE, TAGS, TAG_LINKS):
         assert triggers.uninstall(conn, name, drop_values=True)
     assert conn.execute(on_articles + " AND NOT tgisinternal").fetchone() == (0,)
     assert triggers.installed(conn) == []
@@ -484,3 +508,206 @@ def test_a_path_counter_per_day_takes_the_counted_rows_time(conn: Conn) -> None:
     assert pc.get_range(name, 2, day, day + dt.timedelta(days=2)) == 3
     assert pc.get_range(name, 1, day, day + dt.timedelta(days=2)) == 0
     assert verify(conn, name).mismatches == []
+
+
+CASCADE_KEYS = """
+ALTER TABLE blog_article DROP CONSTRAINT blog_article_author_id_fkey,
+    ADD FOREIGN KEY (author_id) REFERENCES blog_author ON DELETE CASCADE ON UPDATE CASCADE;
+ALTER TABLE blog_comment DROP CONSTRAINT blog_comment_article_id_fkey,
+    ADD FOREIGN KEY (article_id) REFERENCES blog_article ON DELETE CASCADE ON UPDATE CASCADE;
+ALTER TABLE blog_article_tags DROP CONSTRAINT blog_article_tags_article_id_fkey,
+    ADD FOREIGN KEY (article_id) REFERENCES blog_article ON DELETE CASCADE ON UPDATE CASCADE;
+"""
+NO_LINKS = """
+ALTER TABLE blog_comment DROP CONSTRAINT blog_comment_article_id_fkey;
+ALTER TABLE blog_article_tags DROP CONSTRAINT blog_article_tags_article_id_fkey;
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_middle_row_whose_key_cascades_is_exact(conn: Conn, mode: str) -> None:
+    """ON UPDATE CASCADE moves the comments of an article whose id changes before any
+    statement trigger of the update runs: the article's row trigger counts the change while
+    the comments still point to its old id, the comments' own trigger their move."""
+    conn.execute(DDL)
+    conn.execute(CASCADE_KEYS)
+    triggers.install(conn, specs(mode))
+    _seed(conn)
+    conn.execute("UPDATE blog_article SET id = id + 100 WHERE id IN (1, 3)")
+    truth.assert_exact(conn, TRUTHS)
+    # a new id and another author at once; an id changed with the rest of the table's rows
+    conn.execute("UPDATE blog_article SET id = 1002, author_id = 4 WHERE id = 2")
+    conn.execute("UPDATE blog_article SET id = id + 5000, published = NOT published")
+    truth.assert_exact(conn, TRUTHS)
+    # the id of an author: the articles follow it, and so does what counts through them
+    conn.execute("UPDATE blog_author SET id = 40 WHERE id = 2")
+    conn.execute("UPDATE blog_author SET id = id + 100")
+    truth.assert_exact(conn, TRUTHS)
+    conn.execute("INSERT INTO blog_comment (article_id, public, score) VALUES (5103, true, 9)")
+    _check(conn)
+    assert conn.execute("SELECT public_comments FROM blog_author WHERE id = 140").fetchone() == (8,)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ["article first", "children first"])
+def test_a_key_changed_by_the_application_is_exact_in_either_order(
+    conn: Conn, mode: str, order: str
+) -> None:
+    """Without a cascade the application changes the article's id and its comments' (and
+    tags') article_id in two statements, in either order."""
+    conn.execute(DDL)
+    conn.execute(NO_LINKS)
+    triggers.install(conn, specs(mode))
+    _seed(conn)
+    article = "UPDATE blog_article SET id = 70 WHERE id = 1"
+    children = [
+        "UPDATE blog_comment SET article_id = 70 WHERE article_id = 1",
+        "UPDATE blog_article_tags SET article_id = 70 WHERE article_id = 1",
+    ]
+    statements = [article, *children] if order == "article first" else [*children, article]
+    with conn.transaction():
+        for statement in statements:
+            conn.execute(statement)
+            truth.assert_exact(conn, TRUTHS)
+    _check(conn)
+
+
+def test_an_update_that_shifts_keys_onto_each_other_is_refused(conn: Conn) -> None:
+    """`id = id + 1` gives a row the id another row of the statement had: the statement
+    trigger cannot tell the rows apart, so it refuses the statement (nothing is written)."""
+    conn.execute(DDL)
+    conn.execute(CASCADE_KEYS)
+    triggers.install(conn, specs("direct"))
+    conn.execute("INSERT INTO blog_article (id, author_id) VALUES (21, 1), (20, 2)")
+    conn.execute("INSERT INTO blog_comment (article_id) VALUES (20), (21), (21)")
+    # the rows are visited in the order written: 21 becomes 22, then 20 becomes 21
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="the id another of its rows"):
+        conn.execute("UPDATE blog_article SET id = id + 1 WHERE id IN (20, 21)")
+    assert conn.execute("SELECT array_agg(id ORDER BY id) FROM blog_article").fetchone() == (
+        [20, 21],
+    )
+    _check(conn)
+
+
+def test_a_key_change_beside_an_insert_under_the_row_is_exact(dsn: str, conn: Conn) -> None:
+    """A transaction adds comments to an article while another changes the article's id
+    (ON UPDATE CASCADE): the change waits for the insert, then moves its comments too."""
+    conn.execute(DDL)
+    conn.execute(CASCADE_KEYS)
+    triggers.install(conn, specs("queued"))
+    _seed(conn)
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn, autocommit=True) as second:
+        first.execute("INSERT INTO blog_comment (article_id, score) VALUES (1, 5), (1, 6)")
+        pid = second.info.backend_pid
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                second.execute("UPDATE blog_article SET id = 90, author_id = 3 WHERE id = 1")
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_for_lock_wait(conn, pid)
+        first.commit()
+        thread.join()
+        assert errors == []
+    assert conn.execute("SELECT count(*) FROM blog_comment WHERE article_id = 90").fetchone() == (
+        12,
+    )
+    _check(conn)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cascade", [True, False])
+def test_a_parent_whose_key_changes_keeps_the_count_of_its_rows(
+    conn: Conn, mode: Any, cascade: bool
+) -> None:
+    """A counter column of one foreign key (articles per author): the author's id changes,
+    its articles follow it (ON UPDATE CASCADE, or the application's own update after it)."""
+    conn.execute(
+        "CREATE TABLE p_author (id bigint PRIMARY KEY, articles bigint NOT NULL DEFAULT 0);"
+        "CREATE TABLE p_article (id bigserial PRIMARY KEY, author_id bigint);"
+        "INSERT INTO p_author (id) VALUES (1), (2);"
+        "INSERT INTO p_article (author_id) VALUES (1), (1), (1), (2)"
+    )
+    if cascade:
+        conn.execute(
+            "ALTER TABLE p_article ADD FOREIGN KEY (author_id) REFERENCES p_author"
+            " ON UPDATE CASCADE"
+        )
+    name = "p.author.articles"
+    triggers.install(
+        conn,
+        [
+            CounterSpec(
+                name,
+                "p_article",
+                ColumnTarget("p_author", "articles"),
+                keys="author_id",
+                mode=mode,
+            )
+        ],
+    )
+    counted = truth.from_sql(
+        name,
+        "SELECT u.id, count(a.id) FROM p_author AS u LEFT JOIN p_article AS a"
+        " ON a.author_id = u.id GROUP BY u.id",
+        stored="SELECT id, articles FROM p_author",
+    )
+    with conn.transaction():
+        conn.execute("UPDATE p_author SET id = 10 WHERE id = 1")
+        if not cascade:
+            truth.assert_exact(conn, [counted])  # the articles point to no author: 0
+            conn.execute("UPDATE p_article SET author_id = 10 WHERE author_id = 1")
+    truth.assert_exact(conn, [counted])
+    truth.assert_drained(conn, [counted])
+    assert conn.execute("SELECT articles FROM p_author WHERE id = 10").fetchone() == (3,)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_random_key_changes_beside_other_writes_equal_the_truth(conn: Conn, mode: str) -> None:
+    """Statements that change some articles' ids (cascaded to their comments and tags) and
+    other columns of other articles at once, among ordinary writes, in random order."""
+    conn.execute(DDL)
+    conn.execute(CASCADE_KEYS)
+    pc = Counters(conn)
+    triggers.install(conn, specs(mode))
+    _seed(conn)
+    rnd = random.Random(f"keys-{mode}")
+    for step in range(40):
+        choice, a, u = rnd.random(), rnd.randint(0, 3), rnd.randint(1, 4)
+        if choice < 0.35:
+            # one statement: some rows get a new id, the others are unpublished or moved
+            conn.execute(
+                "UPDATE blog_article SET id = CASE WHEN id %% 4 = %s THEN id + 1000 ELSE id END,"
+                " published = CASE WHEN id %% 4 = %s THEN published ELSE NOT published END,"
+                " author_id = CASE WHEN id %% 3 = 0"
+                " THEN (SELECT id FROM blog_author ORDER BY id OFFSET %s LIMIT 1)"
+                " ELSE author_id END",
+                (a, a, u - 1),
+            )
+        elif choice < 0.5:
+            conn.execute(
+                "UPDATE blog_author SET id = id + 100 WHERE id = (SELECT min(id) FROM blog_author"
+                " WHERE id > 1)"
+            )
+        elif choice < 0.7:
+            conn.execute(
+                "INSERT INTO blog_comment (article_id, public, score)"
+                " SELECT id, id %% 2 = 0, %s FROM blog_article WHERE id %% 4 = %s",
+                (step, a),
+            )
+        elif choice < 0.85:
+            conn.execute(
+                "INSERT INTO blog_article_tags (article_id, tag_id) SELECT id, %s"
+                " FROM blog_article WHERE id %% 2 = %s ON CONFLICT DO NOTHING",
+                (u, a % 2),
+            )
+        elif choice < 0.95:
+            conn.execute("DELETE FROM blog_article WHERE id %% 7 = %s", (a,))
+        else:
+            pc.drain()
+        truth.assert_exact(conn, TRUTHS)
+    _check(conn)

@@ -41,11 +41,13 @@ def test_compiler_needs_no_database() -> None:
     spec = blog_schema.specs()[0]
     compiled = compile_spec(spec)
     events = ["insert", "update", "delete", "truncate", "guard_update", "guard_insert"]
-    assert [t.event for t in compiled.triggers] == events
+    assert [t.event for t in compiled.triggers] == [*events, "guard_key"]
     text = compiled.install_sql().as_string()
     # the guards of the counter column: row triggers on the parent table, only when it changes
     assert 'BEFORE UPDATE OF "public_comments" ON "public"."blog_article"' in text
     assert 'WHEN (OLD."public_comments" IS DISTINCT FROM NEW."public_comments")' in text
+    # and the row trigger that starts the counter again when the row's key changes
+    assert 'FOR EACH ROW WHEN (OLD."id" IS DISTINCT FROM NEW."id")' in text
     assert "FOR EACH STATEMENT" in text
     assert "REFERENCING OLD TABLE AS" in text
     assert "NEW TABLE AS" in text

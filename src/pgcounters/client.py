@@ -347,6 +347,18 @@ class _CounterPlans:
         result: T = yield Transaction(guarded())
         return result
 
+    @staticmethod
+    def _direct_column(counter: Counter, key: str, delta: int) -> Plan[Row | None]:
+        """Add to a direct counter column (inside ``_applying``): the row's new value, its
+        key noted for a reporting worker by a second statement, once the row is written
+        (``note_direct`` notes only the rows this transaction wrote)."""
+        row = yield from fetch_one(
+            counter.composed("direct_column"), {"delta": _column_delta(counter, delta), "key": key}
+        )
+        if row is not None and delta != 0:
+            yield Execute(query("note_direct_column"), {"target": counter.id, "key": key})
+        return row
+
     def _incr(self, name: str, key: object, delta: int) -> Plan[int | None]:
         """Add ``delta`` to one counter.
 
@@ -393,16 +405,7 @@ class _CounterPlans:
             yield Execute(stmt, (counter.id, array_literal(encoded), delta))
             return None
         if counter.is_column:
-            row = yield from self._applying(
-                fetch_one(
-                    counter.composed("direct_column"),
-                    {
-                        "delta": _column_delta(counter, delta),
-                        "key": encoded[0],
-                        "target": counter.id,
-                    },
-                )
-            )
+            row = yield from self._applying(self._direct_column(counter, encoded[0], delta))
             return None if row is None else counter.units(row[0])
         if (yield from self._writes_counters()):
             # an UPDATE when the row exists (one statement, like the naive way);
@@ -465,14 +468,7 @@ class _CounterPlans:
 
                     def columns(rows: list[tuple[Counter, tuple[str, ...], int]]) -> Plan[None]:
                         for counter, encoded, total in rows:
-                            yield Execute(
-                                counter.composed("direct_column"),
-                                {
-                                    "delta": _column_delta(counter, total),
-                                    "key": encoded[0],
-                                    "target": counter.id,
-                                },
-                            )
+                            yield from self._direct_column(counter, encoded[0], total)
 
                     yield from self._applying(columns(rows))
                     continue

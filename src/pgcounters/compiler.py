@@ -42,27 +42,33 @@ Event: TypeAlias = Literal[
     "truncate",
     "guard_update",
     "guard_insert",
+    "guard_key",
     "via1_insert",
     "via1_update",
     "via1_delete",
     "via1_truncate",
+    "via1_key",
     "via2_insert",
     "via2_update",
     "via2_delete",
     "via2_truncate",
+    "via2_key",
     "via3_insert",
     "via3_update",
     "via3_delete",
     "via3_truncate",
+    "via3_key",
 ]
 EVENTS: tuple[Event, ...] = ("insert", "update", "delete", "truncate")
-# the row triggers that keep a counter column to pgcounters' writers (on the target table)
-GUARD_EVENTS: tuple[Event, ...] = ("guard_update", "guard_insert")
-# the triggers of a path's tables (step 1, 2, 3 of ``CounterSpec.via``)
+# the row triggers that keep a counter column to pgcounters' writers (on the target table),
+# and the one that starts it again when the row's key changes
+GUARD_EVENTS: tuple[Event, ...] = ("guard_update", "guard_insert", "guard_key")
+# the triggers of a path's tables (step 1, 2, 3 of ``CounterSpec.via``); ``key``: the
+# BEFORE UPDATE row trigger of a change of the step's key
 VIA_EVENTS: tuple[tuple[Event, ...], ...] = (
-    ("via1_insert", "via1_update", "via1_delete", "via1_truncate"),
-    ("via2_insert", "via2_update", "via2_delete", "via2_truncate"),
-    ("via3_insert", "via3_update", "via3_delete", "via3_truncate"),
+    ("via1_insert", "via1_update", "via1_delete", "via1_truncate", "via1_key"),
+    ("via2_insert", "via2_update", "via2_delete", "via2_truncate", "via2_key"),
+    ("via3_insert", "via3_update", "via3_delete", "via3_truncate", "via3_key"),
 )
 ALL_VIA_EVENTS: tuple[Event, ...] = tuple(e for step in VIA_EVENTS for e in step)
 _SUFFIX: dict[Event, str] = {
@@ -72,6 +78,7 @@ _SUFFIX: dict[Event, str] = {
     "truncate": "trn",
     "guard_update": "gup",
     "guard_insert": "gin",
+    "guard_key": "key",  # after "gup": the guard of the same counter sees the value unchanged
     **{e: f"v{e[3]}{e[5]}" for e in ALL_VIA_EVENTS},
 }
 APPLYING = "pgcounters.applying"
@@ -97,7 +104,8 @@ class CompiledTrigger:
     # a guard: a BEFORE ... FOR EACH ROW trigger of the counter column, with a WHEN condition
     column: str | None = None
     condition: str | None = None
-    # a BEFORE ... FOR EACH ROW trigger that is not a guard (a path table's DELETE)
+    # a BEFORE ... FOR EACH ROW trigger that is not a guard (a path table's DELETE, a change
+    # of its key)
     row: bool = False
 
     @property
@@ -121,17 +129,25 @@ class CompiledTrigger:
 
     @property
     def base_event(self) -> str:
-        """``insert``, ``update``, ``delete`` or ``truncate`` (a path table's too)."""
-        return self.event.partition("_")[2] if self.event in ALL_VIA_EVENTS else self.event
+        """``insert``, ``update``, ``delete`` or ``truncate`` (a path table's too; a change
+        of a key is an ``update``)."""
+        if self.event == "guard_key":
+            return "update"
+        if self.event in ALL_VIA_EVENTS:
+            base = self.event.partition("_")[2]
+            return "update" if base == "key" else base
+        return self.event
 
     @property
     def old_table(self) -> str | None:
-        if self.row:
+        if self.is_row:
             return None
         return OLD_TABLE if self.base_event in ("update", "delete") else None
 
     @property
     def new_table(self) -> str | None:
+        if self.is_row:
+            return None
         return NEW_TABLE if self.base_event in ("insert", "update") else None
 
     def function_source(self) -> str:
@@ -630,18 +646,49 @@ def compile_guard(spec: CounterSpec, event: Event) -> CompiledTrigger:
     )
 
 
+def compile_key_guard(spec: CounterSpec) -> CompiledTrigger:
+    """A row trigger on the target table: a row whose key changes starts its counter at 0.
+
+    The counted rows of the old key do not count under the new one until they point to it:
+    when the database moves them (``ON UPDATE CASCADE``) or the application does, their
+    triggers add their contribution to the new key (and take it from the old one, a row
+    that no longer exists). The value the row had would otherwise count them twice.
+    """
+    t = spec.target
+    assert isinstance(t, ColumnTarget)
+    key = _quote(t.key_column)
+    marker = (
+        f"    -- pgcounters spec fingerprint={spec.fingerprint} event=guard_key name={spec.name}\n"
+    )
+    body = sql.SQL("    NEW.{col} := 0;\n    RETURN NEW;\n").format(col=sql.Identifier(t.column))
+    return CompiledTrigger(
+        spec.name,
+        "guard_key",
+        trigger_name(spec.name, "guard_key"),
+        (),
+        marker + body.as_string(),
+        table=t.table,
+        column=t.column,
+        condition=f"OLD.{key} IS DISTINCT FROM NEW.{key}",
+    )
+
+
 def events_of(spec: CounterSpec) -> tuple[Event, ...]:
-    """The triggers a spec has: four on its source table, two guards for a counter column,
-    four on each table of its path."""
+    """The triggers a spec has: four on its source table, three guards for a counter column,
+    five on each table of its path."""
     path = tuple(e for step in VIA_EVENTS[: len(spec.via)] for e in step)
     return (EVENTS + GUARD_EVENTS if isinstance(spec.target, ColumnTarget) else EVENTS) + path
 
 
 def compile_spec(spec: CounterSpec) -> CompiledSpec:
-    """Compile a spec into its triggers: four counting ones, and the guards of a column."""
+    """Compile a spec into its triggers: four counting ones, the guards of a column, and
+    those of the tables of its path."""
     triggers = [compile_trigger(spec, event) for event in EVENTS]
     if isinstance(spec.target, ColumnTarget):
-        triggers += [compile_guard(spec, event) for event in GUARD_EVENTS]
+        triggers += [
+            compile_key_guard(spec) if event == "guard_key" else compile_guard(spec, event)
+            for event in GUARD_EVENTS
+        ]
     for step, events in enumerate(VIA_EVENTS[: len(spec.via)], start=1):
         triggers += [compile_via_trigger(spec, step, event) for event in events]
     return CompiledSpec(spec, tuple(triggers))
@@ -785,8 +832,11 @@ def compile_via_trigger(spec: CounterSpec, step: int, event: Event) -> CompiledT
       row above them and counts nothing; when the application deleted them first (Django),
       this finds none. The delta is queued (in direct mode too).
     * TRUNCATE: nothing counts through the table any more (the counter is reset).
+    * A change of the row's key: :func:`compile_via_key_trigger`.
     """
     base = event.partition("_")[2]
+    if base == "key":
+        return compile_via_key_trigger(spec, step)
     via = spec.via[step - 1]
     marker = (
         f"    -- pgcounters spec fingerprint={spec.fingerprint} event={event} name={spec.name}\n"
@@ -810,19 +860,13 @@ def compile_via_trigger(spec: CounterSpec, step: int, event: Event) -> CompiledT
         else:
             relations = [new] if base == "insert" else [old, new]
 
-        def net(typed: bool) -> sql.Composed:
+        def net(typed: bool, old: sql.Composable = old, new: sql.Composable = new) -> sql.Composed:
             if base == "insert":
                 inner = path_contributions(spec, new, step, typed=typed)
             elif base == "delete":
                 inner = path_contributions(spec, relations[0], step, typed=typed, negate=True)
             else:
-                inner = sql.SQL(
-                    "SELECT c.key, sum(c.delta)::bigint AS delta FROM ({} UNION ALL {}) AS c "
-                    "GROUP BY 1"
-                ).format(
-                    path_contributions(spec, old, step, typed=typed, negate=True),
-                    path_contributions(spec, new, step, typed=typed),
-                )
+                inner = _moved_net(spec, step, old, new, typed)
             return sql.SQL("SELECT d.key, d.delta FROM ({}) AS d WHERE d.delta <> 0").format(inner)
 
         declare.append(("_pgc_target", "integer"))
@@ -835,6 +879,9 @@ def compile_via_trigger(spec: CounterSpec, step: int, event: Event) -> CompiledT
         else:
             extra, apply = _apply(spec, event, net)
             declare += extra
+            if base == "update":  # rows whose key changed were counted by their row trigger
+                apply = _unless_keys_moved(spec, step, apply, net)
+                declare.append(("_pgc_moved", "bigint"))
         body = (
             path_locks(spec, step, relations)
             + sql.SQL("    _pgc_target := {};\n    ").format(ensure_target_call(spec))
@@ -855,4 +902,130 @@ def compile_via_trigger(spec: CounterSpec, step: int, event: Event) -> CompiledT
         text,
         table=via.table,
         row=base == "delete",
+    )
+
+
+def _moved_net(
+    spec: CounterSpec, step: int, old: sql.Composable, new: sql.Composable, typed: bool
+) -> sql.Composed:
+    """``SELECT key, delta`` of rows of table ``step`` going from ``old`` to ``new``: the
+    counted rows under the old ones no longer count through them, those under the new ones
+    do, netted per key (zero deltas included)."""
+    return sql.SQL(
+        "SELECT c.key, sum(c.delta)::bigint AS delta FROM ({} UNION ALL {}) AS c GROUP BY 1"
+    ).format(
+        path_contributions(spec, old, step, typed=typed, negate=True),
+        path_contributions(spec, new, step, typed=typed),
+    )
+
+
+def key_moves_setting(spec: CounterSpec, step: int) -> str:
+    """The transaction-local setting in which the row trigger of a change of the key of
+    table ``step`` counts the rows it counted (their old and new keys that are not NULL),
+    for the table's UPDATE statement trigger, which resets it."""
+    return "pgcounters." + trigger_name(spec.name, VIA_EVENTS[step - 1][4])
+
+
+def compile_via_key_trigger(spec: CounterSpec, step: int) -> CompiledTrigger:
+    """``BEFORE UPDATE ... FOR EACH ROW WHEN (the key changes)`` on table ``step`` of a path.
+
+    A row whose key changes takes the counted rows that pointed to its old key away (they
+    no longer reach it) and gives those that already point to its new key. It is counted
+    here, before the statement ends, while the rows under it are as they were: PostgreSQL
+    runs an ``ON UPDATE CASCADE`` of the rows under it (their triggers then count their
+    move, through the row with its new key) before any statement trigger of the update,
+    so the UPDATE statement trigger, which would see the rows under it moved already,
+    leaves such rows to this trigger. The delta is queued, in every mode (as a delete's).
+    """
+    event = VIA_EVENTS[step - 1][4]
+    via = spec.via[step - 1]
+    key = sql.Identifier(via.key)
+    old = sql.SQL("(SELECT OLD.*)")
+    new = sql.SQL("(SELECT NEW.*)")
+    marker = (
+        f"    -- pgcounters spec fingerprint={spec.fingerprint} event={event} name={spec.name}\n"
+    )
+    queue = "queue_unlogged" if spec.mode == "unlogged" else "queue"
+    setting = sql.Literal(key_moves_setting(spec, step))
+    body = sql.SQL(
+        "    IF pgcounters.is_paused({name}) THEN\n        RETURN NEW;\n    END IF;\n"
+        "{locks}"
+        "    _pgc_target := {target};\n"
+        "    INSERT INTO {queue} (target_id, key, delta)\n"
+        "    SELECT _pgc_target, d.key, d.delta FROM ({net}) AS d WHERE d.delta <> 0;\n"
+        "    -- the UPDATE statement trigger checks that it leaves out as many rows\n"
+        "    PERFORM set_config({setting}, (coalesce(nullif(current_setting({setting}, true),"
+        " ''), '0')::bigint + (OLD.{key} IS NOT NULL)::int + (NEW.{key} IS NOT NULL)::int)::text,"
+        " true);\n"
+        "    RETURN NEW;\n"
+    ).format(
+        name=sql.Literal(spec.name),
+        locks=path_locks(spec, step, [old, new]),
+        target=ensure_target_call(spec),
+        queue=sql.Identifier("pgcounters", queue),
+        net=_moved_net(spec, step, old, new, False),
+        setting=setting,
+        key=key,
+    )
+    return CompiledTrigger(
+        spec.name,
+        event,
+        trigger_name(spec.name, event),
+        (("_pgc_target", "integer"),),
+        marker + body.as_string(),
+        table=via.table,
+        condition=f"OLD.{_quote(via.key)} IS DISTINCT FROM NEW.{_quote(via.key)}",
+        row=True,
+    )
+
+
+def _unless_keys_moved(
+    spec: CounterSpec,
+    step: int,
+    apply: sql.Composable,
+    net: Callable[..., sql.Composed],
+) -> sql.Composed:
+    """The UPDATE statement trigger of table ``step``: ``apply`` when no key changed, else
+    the same for the rows whose key is the same before and after (those whose key changed
+    were counted by their row trigger).
+
+    A statement that gave a row the key another of its rows had (``id = id + 1``) cannot
+    tell the rows apart: it is refused, with the number of rows left out checked against
+    the number the row triggers counted."""
+    via = spec.via[step - 1]
+    key = sql.Identifier(via.key)
+    old, new = sql.Identifier(OLD_TABLE), sql.Identifier(NEW_TABLE)
+    kept_old = sql.SQL(
+        "(SELECT * FROM {old} AS o WHERE EXISTS (SELECT 1 FROM {new} AS n WHERE n.{key} = o.{key}))"
+    ).format(old=old, new=new, key=key)
+    kept_new = sql.SQL(
+        "(SELECT * FROM {new} AS n WHERE EXISTS (SELECT 1 FROM {old} AS o WHERE o.{key} = n.{key}))"
+    ).format(old=old, new=new, key=key)
+    _, kept = _apply(spec, VIA_EVENTS[step - 1][1], lambda typed: net(typed, kept_old, kept_new))
+    setting = sql.Literal(key_moves_setting(spec, step))
+    return sql.SQL(
+        "_pgc_moved := coalesce(nullif(current_setting({setting}, true), ''), '0')::bigint;\n"
+        "    IF _pgc_moved = 0 THEN\n    {apply}"
+        "    ELSE\n"
+        "        PERFORM set_config({setting}, '0', true);\n"
+        "        IF _pgc_moved <> (SELECT count(*) FROM {old} AS o WHERE o.{key} IS NOT NULL AND"
+        " NOT EXISTS (SELECT 1 FROM {new} AS n WHERE n.{key} = o.{key}))"
+        " + (SELECT count(*) FROM {new} AS n WHERE n.{key} IS NOT NULL AND"
+        " NOT EXISTS (SELECT 1 FROM {old} AS o WHERE o.{key} = n.{key})) THEN\n"
+        "            RAISE EXCEPTION USING ERRCODE = '0A000', MESSAGE = {message}, HINT = {hint};\n"
+        "        END IF;\n"
+        "    {kept}"
+        "    END IF;\n"
+    ).format(
+        setting=setting,
+        apply=apply,
+        old=old,
+        new=new,
+        key=key,
+        kept=kept,
+        message=sql.Literal(
+            f"counter {spec.name} cannot count an update of {via.table.name} that gives a row "
+            f"the {via.key} another of its rows had"
+        ),
+        hint=sql.Literal(f"change the {via.key} of such rows in two statements"),
     )

@@ -1,6 +1,6 @@
 """Counters through paths and many-to-many relations: remarks per writer through the
 stories (with conditions on both levels), labels per story and stories per label through
-the automatic through table, in each mode."""
+the automatic through table, label links per writer through the stories, in each mode."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ class Writer(models.Model):
     public_remarks = CountField("stories__remarks", filter=Q(public=True, story__published=True))
     remark_score = SumField("stories__remarks", "score", mode="unlogged")
     public_remarks_direct = CountField("stories__remarks", filter=Q(public=True), mode="direct")
+    # a path that ends with a many-to-many relation: the (story, label) links of the
+    # writer's stories, a filter on the link rows (their story's fields)
+    published_label_links = CountField("stories__labels", filter=Q(story__published=True))
+    label_links_direct = CountField("stories__labels", mode="direct")
 
 
 class Label(models.Model):

@@ -146,15 +146,14 @@ SELECT w.value,
   FROM written AS w;
 
 -- name: direct_column
--- a direct column counter: add to the column of one row, returning the value; its key noted for a reporting worker
-WITH written AS (
-    UPDATE {table} AS x SET {column} = coalesce(x.{column}, 0) + %(delta)s
-     WHERE x.{key_column} = %(key)s
-    RETURNING x.{column} AS value, x.{key_column} AS key
-)
-SELECT w.value,
-       CASE WHEN %(delta)s <> 0 THEN pgcounters.note_direct(%(target)s, ARRAY[w.key]) END
-  FROM written AS w;
+-- a direct column counter: add to the column of one row, returning the value
+UPDATE {table} AS x SET {column} = coalesce(x.{column}, 0) + %(delta)s
+ WHERE x.{key_column} = %(key)s
+RETURNING x.{column} AS value;
+
+-- name: note_direct_column
+-- the key of a row a direct column counter's write just changed, noted for a reporting worker (a statement of its own: note_direct checks that this transaction wrote the row)
+SELECT pgcounters.note_direct(%(target)s, ARRAY[%(key)s::text]);
 
 -- name: exact_named
 -- the exact value of one key of a named counter: stored + pending, from one snapshot

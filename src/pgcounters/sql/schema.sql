@@ -4138,15 +4138,73 @@ BEGIN
 END;
 $$;
 
+-- Whether a row version visible here was written by this transaction (or one of its
+-- subtransactions): no other transaction's uncommitted row is visible, so a visible
+-- version whose writer is still in progress is this transaction's.
+CREATE FUNCTION pgcounters._written_here(p_xmin xid) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pgcounters, pg_temp AS $$
+    SELECT coalesce(pg_catalog.pg_xact_status(
+               (CASE WHEN c.cur - c.low + x.low > c.cur + 2147483648
+                     THEN c.cur - c.low + x.low - 4294967296
+                     WHEN c.cur - c.low + x.low < c.cur - 2147483648
+                     THEN c.cur - c.low + x.low + 4294967296
+                     ELSE c.cur - c.low + x.low END)::text::xid8) = 'in progress', false)
+      FROM (SELECT f AS cur, f % 4294967296 AS low
+              FROM (SELECT pg_catalog.pg_current_xact_id()::text::bigint AS f) AS g) AS c,
+           (SELECT p_xmin::text::bigint AS low) AS x
+$$;
+
 -- The direct triggers of counter columns note the keys of the parent rows a statement
 -- changed (in the key column's type), while a reporting worker is alive. A
 -- two-dimensional array holds a named counter's keys instead, each as the text of its
 -- array, one per row (ARRAY[['{42}'], ['{7}']]): the client's writes of direct named
--- counters.
+-- counters. Outside a trigger only a role that may write the counter's storage (the
+-- counter column, or pgcounters.counters) may call it (version 24).
 CREATE FUNCTION pgcounters.note_direct(p_target integer, p_keys anyarray) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
+DECLARE
+    v_target pgcounters.targets;
+    v_role text;
+    v_allowed boolean;
+    v_table text;
 BEGIN
+    IF pg_catalog.pg_trigger_depth() = 0 THEN
+        -- the role of the calling statement (this function runs as its owner): the
+        -- one SET ROLE chose, else the session's
+        v_role := pg_catalog.current_setting('role');
+        IF v_role = 'none' THEN
+            v_role := session_user;
+        END IF;
+        SELECT * INTO v_target FROM pgcounters.targets WHERE id = p_target;
+        IF v_target.target_table IS NULL THEN
+            v_allowed := pg_catalog.has_table_privilege(v_role, 'pgcounters.counters', 'UPDATE');
+        ELSE
+            -- a counter column: a role that may write it, and only the keys of rows this
+            -- transaction wrote (visible, written by a transaction still in progress)
+            v_table := pg_catalog.format('%I.%I', v_target.target_schema, v_target.target_table);
+            v_allowed := pg_catalog.has_column_privilege(
+                v_role, v_table, v_target.target_column, 'UPDATE');
+            IF v_allowed THEN
+                EXECUTE pg_catalog.format(
+                    'SELECT NOT EXISTS (SELECT 1 FROM unnest($1::text::text[]) AS k'
+                    ' WHERE NOT EXISTS (SELECT 1 FROM %s AS x WHERE x.%I = k::%s'
+                    ' AND pgcounters._written_here(x.xmin)))',
+                    v_table, v_target.target_key_column,
+                    (SELECT pg_catalog.format_type(a.atttypid, a.atttypmod)
+                       FROM pg_catalog.pg_attribute AS a
+                      WHERE a.attrelid = v_table::regclass
+                        AND a.attname = v_target.target_key_column))
+                    INTO v_allowed USING p_keys;
+            END IF;
+        END IF;
+        IF v_target.id IS NULL OR v_target.mode <> 'direct' OR NOT v_allowed THEN
+            RAISE EXCEPTION 'note_direct notes the changes of a direct counter: it is called by '
+                'the triggers of direct counters and by a role that writes the counter itself; '
+                'role % may not write counter id % (or these keys)', v_role, p_target
+                USING ERRCODE = '42501';
+        END IF;
+    END IF;
     IF p_keys IS NOT NULL AND cardinality(p_keys) > 0 AND pgcounters._direct_listened() THEN
         IF array_ndims(p_keys) = 2 THEN
             INSERT INTO pgcounters.direct_changes (target_id, keys)

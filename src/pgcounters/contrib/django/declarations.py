@@ -393,23 +393,37 @@ def _relation_path(field: CounterColumn) -> _Path | None:
         return None
     rels: list[models.ManyToOneRel] = []
     current: type[models.Model] = model
-    for part in relation.split("__"):
+    parts = relation.split("__")
+    through_fk: models.ForeignKey[Any, Any] | None = None
+    for index, part in enumerate(parts):
         try:
             rel = current._meta.get_field(part)
         except Exception:
             raise InvalidCounterDefinition(
                 f"{what}: {current.__name__} has no relation {part!r} (in {relation!r})"
             ) from None
-        if not isinstance(rel, models.ManyToOneRel) or isinstance(rel, models.ManyToManyRel):
+        if isinstance(rel, models.ManyToManyField | models.ManyToManyRel):
+            if index < len(parts) - 1:
+                raise InvalidCounterDefinition(
+                    f"{what}: {part!r} in {relation!r} is a many-to-many relation, which may "
+                    "only end a path: through it a row reaches several rows above it, and a "
+                    "path counts each row through one row per table"
+                )
+            through_fk, current = _through_step(field, rel, relation)
+            break
+        if not isinstance(rel, models.ManyToOneRel):
             raise InvalidCounterDefinition(
                 f"{what}: {part!r} in {relation!r} is not the reverse side of a ForeignKey "
-                "(a path goes down foreign keys: parent, child, grandchild)"
+                "or a many-to-many relation (a path goes down foreign keys: parent, child, "
+                "grandchild, and may end with a many-to-many relation)"
             )
         rels.append(rel)
         related = rel.related_model
         assert isinstance(related, type)
         current = related
     fks = [rel.remote_field for rel in rels]
+    if through_fk is not None:  # the link rows, up to the model on this side
+        fks.append(through_fk)
     counted = current
     # from the counted table up: each step is the table its foreign key points to
     via = [
@@ -449,6 +463,58 @@ def _relation_path(field: CounterColumn) -> _Path | None:
         scale=scale,
     )
     return _Path(spec, counted)
+
+
+def _through_step(
+    field: CounterColumn,
+    rel: models.ManyToManyField[Any, Any] | models.ManyToManyRel,
+    relation: str,
+) -> tuple[models.ForeignKey[Any, Any], type[models.Model]]:
+    """The many-to-many relation that ends a path (``"articles__tags"``): the through
+    model's foreign key to this side of it, and the through model, whose rows (the links)
+    are counted. A sum is refused: the through model has nothing to sum, and the other
+    side's fields are not on the path (nor its rows' changes counted)."""
+    what = f"{field.model.__name__}.{field.name}"
+    forward = rel if isinstance(rel, models.ManyToManyField) else rel.field
+    assert isinstance(forward, models.ManyToManyField)
+    through = forward.remote_field.through
+    assert isinstance(through, type)
+    if forward.remote_field.model in (forward.model, "self"):
+        raise InvalidCounterDefinition(
+            f"{what}: a many-to-many relation of a model with itself cannot be counted "
+            "(both sides are the same table)"
+        )
+    if field.counter_sum is not None:
+        raise InvalidCounterDefinition(
+            f"{what}: a path that ends with a many-to-many relation ({relation!r}) counts its "
+            "links; it sums nothing (the other side's rows are not on the path)"
+        )
+    names = (forward.m2m_field_name(), forward.m2m_reverse_field_name())
+    mine = names[0] if isinstance(rel, models.ManyToManyField) else names[1]
+    own_fk = through._meta.get_field(mine)
+    assert isinstance(own_fk, models.ForeignKey)
+    return own_fk, through
+
+
+def through_lookups(model: type[models.Model], relation: str) -> tuple[str, str] | None:
+    """For a path that ends with a many-to-many relation (``"articles__tags"``), the names
+    of its through model's foreign keys to this side and to the other side (``"article"``,
+    ``"tag"``), which its filter's lookups start with; None for any other relation."""
+    parts = relation.split("__")
+    if len(parts) < 2:
+        return None
+    current: type[models.Model] = model
+    for part in parts:
+        rel = current._meta.get_field(part)
+        if isinstance(rel, models.ManyToManyField | models.ManyToManyRel):
+            forward = rel if isinstance(rel, models.ManyToManyField) else rel.field
+            assert isinstance(forward, models.ManyToManyField)
+            names = (forward.m2m_field_name(), forward.m2m_reverse_field_name())
+            return names if isinstance(rel, models.ManyToManyField) else (names[1], names[0])
+        related = rel.related_model
+        assert isinstance(related, type)
+        current = related
+    return None
 
 
 def _many_to_many(

@@ -35,8 +35,9 @@ from pgcounters.contrib.django.declarations import (
     _generic_relation,
     _named,
     key_type_of,
+    through_lookups,
 )
-from pgcounters.errors import InvalidKey, UnknownCounter
+from pgcounters.errors import InvalidCounterDefinition, InvalidKey, UnknownCounter
 from pgcounters.keys import Key, KeyType, decode_key
 from pgcounters.repair import Mismatch, VerifyResult
 from pgcounters.specs import Bucket
@@ -84,6 +85,14 @@ class _Declared:
         (``articles__comments__public``)."""
         assert self.parent is not None
         q = None if self.filter is None else _prefixed(self.filter, self.relation)
+        ends = through_lookups(self.parent, self.relation)
+        if ends is not None and self.filter is not None:
+            # a filter on the link rows: their row on this side is the path's last but one
+            # step (``article__published``: ``articles__published``), the other side's
+            # is the relation's (``tag__active``: ``articles__tags__active``)
+            own, other = ends
+            up = self.relation.rpartition("__")[0]
+            q = _through_prefixed(self.filter, {own: up, other: self.relation})
         aggregate = (
             Count(self.relation, filter=q)
             if self.sum is None
@@ -109,6 +118,28 @@ def _prefixed(q: models.Q, relation: str) -> models.Q:
         else:
             lookup, value = cast(tuple[str, Any], child)
             children.append((f"{relation}__{lookup}", value))
+    out.children = children
+    return out
+
+
+def _through_prefixed(q: models.Q, prefixes: dict[str, str]) -> models.Q:
+    """``q`` over a through model's fields, its lookups through its foreign keys replaced by
+    the relations from the parent (``prefixes``: the foreign key's name -> the relation)."""
+    out = models.Q()
+    out.connector, out.negated = q.connector, q.negated
+    children: list[Any] = []
+    for child in q.children:
+        if isinstance(child, models.Q):
+            children.append(_through_prefixed(child, prefixes))
+        else:
+            lookup, value = cast(tuple[str, Any], child)
+            head, _, rest = lookup.partition("__")
+            if head not in prefixes:  # a field of a through model of one's own
+                raise InvalidCounterDefinition(
+                    f"the ORM cannot count the filter {q!r} from the parent: {head!r} is a "
+                    "field of the through model (verify without --truth orm)"
+                )
+            children.append((f"{prefixes[head]}__{rest}" if rest else prefixes[head], value))
     out.children = children
     return out
 
