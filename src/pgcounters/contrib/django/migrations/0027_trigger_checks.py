@@ -5,5 +5,5 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 
 class Migration(migrations.Migration):
     initial = False
-    dependencies = [("pgcounters", "0024_static_drain")]
+    dependencies = [("pgcounters", "0026_direct_notes")]
     operations = [ApplySchemaMigration("0025_trigger_checks")]
