@@ -205,3 +205,28 @@ def test_a_busy_row_sends_the_table_to_the_locking_statement_until_none_is_busy(
     assert writes(conn) == [(4, "1ms")]  # one statement again
     assert comments(conn) == {1: 1, 2: 1, 3: 1, 4: 1, 5: 0}
     assert pc.get("article.comments", 3) == 1
+
+
+def test_a_batch_of_more_than_20000_column_keys_locks_its_rows_first(
+    conn: Conn, pc: Counters
+) -> None:
+    """A long UPDATE could hold rows an application waits for long enough for that
+    application's own deadlock check: beyond 20,000 keys the batch takes the locking
+    statement (the caller's lock_timeout, 0), not the 1 ms attempt."""
+    articles(conn, pc)
+    conn.execute("INSERT INTO blog_article (id) SELECT generate_series(6, 20001)")
+    log_lock_timeout(conn)
+    conn.execute(
+        "INSERT INTO pgcounters.queue (target_id, key, delta)"
+        " SELECT t.id, ARRAY[g::text]::text, 1 FROM pgcounters.targets t,"
+        " generate_series(1, 20001) g"
+    )
+    batch = pc.drain_queue_batch(30_000)
+    assert (batch.deltas, batch.keys, batch.busy) == (20_001, 20_001, 0)
+    assert conn.execute(
+        "SELECT lock_timeout, count(*) FROM article_writes GROUP BY 1"
+    ).fetchall() == [("0", 20_001)]
+    assert conn.execute("SELECT sum(comments), min(comments) FROM blog_article").fetchone() == (
+        20_001,
+        1,
+    )

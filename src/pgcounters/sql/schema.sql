@@ -1543,13 +1543,16 @@ $$;
 -- Apply the column part of a batch. For each counter (parent tables in name
 -- order, drainers taking turns on a table), one UPDATE adds the deltas summed per
 -- typed key to the parent rows, under a lock_timeout of 1 ms: a row another
--- transaction holds stops it within 1 ms (it is rolled back, row locks and all, so
--- no deadlock can form), and the counter then takes the statement that locks the
--- rows without waiting (in key order), updates the rows it locked, and puts the
--- deltas of rows another transaction holds back into the queue (one delta per
--- key, as old as its oldest). A table found holding busy rows goes straight to
--- that statement in the session's next batches, until one of them finds no row
--- busy. The deltas of rows that no longer exist are discarded. A data error (a
+-- transaction holds stops it within 1 ms (it is rolled back, row locks and all),
+-- and the counter then takes the statement that locks the rows without waiting
+-- (in key order), updates the rows it locked, and puts the deltas of rows another
+-- transaction holds back into the queue (one delta per key, as old as its oldest).
+-- The attempt is made for batches of at most 20,000 keys, while the batch's first
+-- parent row was taken less than half the deadlock_timeout ago: an application
+-- waiting for one of the batch's rows cannot reach its deadlock check during the
+-- 1 ms wait, so the drain is never a party to a deadlock. A table found holding
+-- busy rows goes straight to the locking statement in the session's next batches,
+-- until one of them finds no row busy. The deltas of rows that no longer exist are discarded. A data error (a
 -- sum out of range, a key that does not cast) aborts the statement: the batch
 -- then takes the careful path of drain_queue (_lock_parents, _apply_column).
 CREATE FUNCTION pgcounters._drain_columns(
@@ -1573,6 +1576,11 @@ DECLARE
     v_held_before text[] := v_held;
     v_sum text;
     v_careful boolean;
+    -- the 1 ms attempt only while every parent row this batch holds was taken less than
+    -- half the deadlock_timeout ago: an application waiting for one of them has not
+    -- reached its own deadlock check when the attempt waits
+    v_entered timestamptz := clock_timestamp();
+    v_budget interval := current_setting('deadlock_timeout')::interval / 2;
 BEGIN
     keys := 0;
     busy := 0;
@@ -1594,7 +1602,8 @@ BEGIN
         PERFORM pg_catalog.set_config('pgcounters.applying', 'on', true);
         v_busy := 0;
         v_first := NULL;
-        v_careful := v_table = ANY (v_held);
+        v_careful := v_table = ANY (v_held) OR cardinality(p_columns) > 20000
+                     OR clock_timestamp() - v_entered > v_budget;
         IF NOT v_careful THEN
             BEGIN
                 PERFORM pg_catalog.set_config('lock_timeout', '1ms', true);
@@ -1620,7 +1629,7 @@ BEGIN
                 INTO v_applied, v_changes
                 USING p_columns, t.id, t.name, v_note;
                 PERFORM pg_catalog.set_config('lock_timeout', v_lock_timeout, true);
-            EXCEPTION WHEN lock_not_available THEN
+            EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
                 -- the rollback of the block restored lock_timeout
                 v_careful := true;
             END;
