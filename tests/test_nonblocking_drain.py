@@ -36,7 +36,8 @@ def test_a_drain_beside_an_application_locking_two_rows_in_any_order_never_deadl
 ) -> None:
     """The application updates article 2, the drain applies deltas of 1 and 2, then the
     application updates article 1. The drain used to lock 1, wait for 2, and the
-    application's second UPDATE closed the cycle: DeadlockDetected."""
+    application's second UPDATE closed the cycle: DeadlockDetected. The drain's column
+    UPDATE waits at most 1 ms for article 2, then locks what is free."""
     articles(conn, pc, mode)
     pc.incr("article.comments", 1)
     pc.incr("article.comments", 2)
@@ -54,7 +55,8 @@ def test_a_drain_beside_an_application_locking_two_rows_in_any_order_never_deadl
 
     thread = threading.Thread(target=drain)
     thread.start()
-    # either the drain is done, or it waits on the application's row (the old drain)
+    # either the drain is done, or it waits on the application's row (the old drain
+    # for good, the drain's column UPDATE for at most 1 ms)
     wait_for(lambda: bool(outcome) or lock_waiters(conn) == 1)
     try:
         app.execute("UPDATE blog_article SET body = '' WHERE id = 1")
@@ -62,12 +64,19 @@ def test_a_drain_beside_an_application_locking_two_rows_in_any_order_never_deadl
     finally:
         app.close()
         thread.join(timeout=30)
-    assert outcome == [BatchResult(deltas=1, keys=1, busy=1, quarantined=0, ahead=False)]
+    # article 1 applied and article 2 busy; or, when the application's second UPDATE
+    # took article 1 during the drain's 1 ms wait, both busy, or both applied once the
+    # application had committed
+    assert len(outcome) == 1
+    batch = outcome[0]
+    assert isinstance(batch, BatchResult)
+    assert (batch.deltas + batch.busy, batch.keys, batch.quarantined) == (2, batch.deltas, 0)
     assert deadlocks(conn) == before
-    # the busy row's delta stayed queued: exact reads counted it all along
+    # the busy rows' deltas stayed queued: exact reads counted them all along
+    assert pc.get("article.comments", 1) == 1
     assert pc.get("article.comments", 2) == 1
-    assert comments(conn)[2] == 0
-    assert pc.drain().deltas == 1
+    assert sum(comments(conn).values()) == batch.deltas
+    assert pc.drain().deltas == batch.busy
     assert comments(conn) == {1: 1, 2: 1, 3: 0, 4: 0, 5: 0}
     assert pc.pending() == (0, 0)
 
@@ -131,3 +140,102 @@ def test_a_row_held_busy_by_the_application_is_applied_by_the_worker_once_free(
         thread.join(timeout=30)
     assert pc.pending() == (0, 0)
     assert worker.get_stats().errors == 0
+
+
+def log_lock_timeout(conn: Conn) -> None:
+    """Each UPDATE of an article logs the lock_timeout it ran under (the drain's write)."""
+    conn.execute(
+        "CREATE TABLE article_writes (id bigint, lock_timeout text);"
+        " CREATE FUNCTION log_article_write() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN INSERT INTO article_writes VALUES (NEW.id, current_setting('lock_timeout'));"
+        " RETURN NEW; END $$;"
+        " CREATE TRIGGER article_writes BEFORE UPDATE ON blog_article"
+        " FOR EACH ROW EXECUTE FUNCTION log_article_write()"
+    )
+
+
+def writes(conn: Conn) -> list[tuple[int, str]]:
+    rows = conn.execute("SELECT id, lock_timeout FROM article_writes ORDER BY id").fetchall()
+    conn.execute("TRUNCATE article_writes")
+    return [(int(i), str(t)) for i, t in rows]
+
+
+def test_with_no_row_busy_the_column_deltas_are_one_update_that_waits_at_most_1ms(
+    conn: Conn, pc: Counters
+) -> None:
+    """The usual batch updates the parent rows in one statement under a lock_timeout of
+    1 ms (no separate locking pass); the caller's lock_timeout is back afterwards."""
+    articles(conn, pc)
+    log_lock_timeout(conn)
+    for key in (1, 2, 2, 5):
+        pc.incr("article.comments", key)
+    with conn.transaction():
+        conn.execute("SET LOCAL lock_timeout = '7s'")
+        batch = conn.execute(
+            "SELECT deltas, keys, busy FROM pgcounters.drain_queue(100)"
+        ).fetchone()
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
+    assert batch == (4, 3, 0)
+    assert writes(conn) == [(1, "1ms"), (2, "1ms"), (5, "1ms")]
+    assert comments(conn) == {1: 1, 2: 2, 3: 0, 4: 0, 5: 1}
+
+
+def test_a_busy_row_sends_the_table_to_the_locking_statement_until_none_is_busy(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    """A row the application holds stops the one-statement UPDATE within 1 ms; the batch
+    then locks the free rows without waiting (under the caller's lock_timeout), puts the
+    busy row's delta back, and the session's next batches on that table lock first
+    until one finds no row busy."""
+    articles(conn, pc)
+    log_lock_timeout(conn)
+    pc.incr("article.comments", 1)
+    pc.incr("article.comments", 3)
+    app = psycopg.connect(dsn)
+    try:
+        app.execute("SELECT 1 FROM blog_article WHERE id = 3 FOR UPDATE")
+        batch = pc.drain_queue_batch(100)
+        assert (batch.deltas, batch.keys, batch.busy) == (1, 1, 1)
+        assert writes(conn) == [(1, "0")]  # the 1 ms attempt was rolled back
+        held = "SELECT current_setting('pgcounters.held_tables', true)"
+        assert conn.execute(held).fetchone() == ("{public.blog_article}",)
+        pc.incr("article.comments", 2)
+        assert pc.drain().deltas == 1  # article 2; article 3 still busy
+        assert writes(conn) == [(2, "0")]
+        assert comments(conn) == {1: 1, 2: 1, 3: 0, 4: 0, 5: 0}
+    finally:
+        app.rollback()
+        app.close()
+    assert pc.drain().deltas == 1
+    assert writes(conn) == [(3, "0")]
+    assert conn.execute(held).fetchone() == ("{}",)
+    pc.incr("article.comments", 4)
+    assert pc.drain().deltas == 1
+    assert writes(conn) == [(4, "1ms")]  # one statement again
+    assert comments(conn) == {1: 1, 2: 1, 3: 1, 4: 1, 5: 0}
+    assert pc.get("article.comments", 3) == 1
+
+
+def test_a_batch_of_more_than_20000_column_keys_locks_its_rows_first(
+    conn: Conn, pc: Counters
+) -> None:
+    """A long UPDATE could hold rows an application waits for long enough for that
+    application's own deadlock check: beyond 20,000 keys the batch takes the locking
+    statement (the caller's lock_timeout, 0), not the 1 ms attempt."""
+    articles(conn, pc)
+    conn.execute("INSERT INTO blog_article (id) SELECT generate_series(6, 20001)")
+    log_lock_timeout(conn)
+    conn.execute(
+        "INSERT INTO pgcounters.queue (target_id, key, delta)"
+        " SELECT t.id, ARRAY[g::text]::text, 1 FROM pgcounters.targets t,"
+        " generate_series(1, 20001) g"
+    )
+    batch = pc.drain_queue_batch(30_000)
+    assert (batch.deltas, batch.keys, batch.busy) == (20_001, 20_001, 0)
+    assert conn.execute(
+        "SELECT lock_timeout, count(*) FROM article_writes GROUP BY 1"
+    ).fetchall() == [("0", 20_001)]
+    assert conn.execute("SELECT sum(comments), min(comments) FROM blog_article").fetchone() == (
+        20_001,
+        1,
+    )

@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 25
+-- version: 26
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -1541,13 +1541,20 @@ END;
 $$;
 
 -- Apply the column part of a batch. For each counter (parent tables in name
--- order, drainers taking turns on a table), one statement locks the parent rows
--- of its keys without waiting (in key order), adds the summed deltas to the rows
--- it locked, and puts the deltas of rows that another transaction holds back into
--- the queue (one delta per key, as old as its oldest); the deltas of rows that no
--- longer exist are discarded. A data error (a sum out of range, a key that does
--- not cast) aborts the statement: the batch then takes the careful path of
--- drain_queue (_lock_parents, _apply_column).
+-- order, drainers taking turns on a table), one UPDATE adds the deltas summed per
+-- typed key to the parent rows, under a lock_timeout of 1 ms: a row another
+-- transaction holds stops it within 1 ms (it is rolled back, row locks and all),
+-- and the counter then takes the statement that locks the rows without waiting
+-- (in key order), updates the rows it locked, and puts the deltas of rows another
+-- transaction holds back into the queue (one delta per key, as old as its oldest).
+-- The attempt is made for batches of at most 20,000 keys, while the batch's first
+-- parent row was taken less than half the deadlock_timeout ago: an application
+-- waiting for one of the batch's rows cannot reach its deadlock check during the
+-- 1 ms wait, so the drain is never a party to a deadlock. A table found holding
+-- busy rows goes straight to the locking statement in the session's next batches,
+-- until one of them finds no row busy. The deltas of rows that no longer exist are discarded. A data error (a
+-- sum out of range, a key that does not cast) aborts the statement: the batch
+-- then takes the careful path of drain_queue (_lock_parents, _apply_column).
 CREATE FUNCTION pgcounters._drain_columns(
     p_columns pgcounters.batch_delta[], p_unlogged boolean,
     OUT keys bigint, OUT busy bigint, OUT first_requeued bigint
@@ -1562,6 +1569,18 @@ DECLARE
     v_first bigint;
     v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
     v_changes json;
+    v_lock_timeout text := current_setting('lock_timeout');
+    -- tables whose last batch in this session found rows another transaction held
+    v_held text[] := coalesce(
+        nullif(current_setting('pgcounters.held_tables', true), ''), '{}')::text[];
+    v_held_before text[] := v_held;
+    v_sum text;
+    v_careful boolean;
+    -- the 1 ms attempt only while every parent row this batch holds was taken less than
+    -- half the deadlock_timeout ago: an application waiting for one of them has not
+    -- reached its own deadlock check when the attempt waits
+    v_entered timestamptz := clock_timestamp();
+    v_budget interval := current_setting('deadlock_timeout')::interval / 2;
 BEGIN
     keys := 0;
     busy := 0;
@@ -1574,51 +1593,91 @@ BEGIN
             v_table := format('%I.%I', t.target_schema, t.target_table);
             -- drainers take turns on a table (tables in name order, so they cannot wait
             -- for each other in a cycle): without this, a second drainer finds every row
-            -- the first one holds busy and puts its deltas back. A drainer holding this
-            -- lock waits for nothing (SKIP LOCKED below), so the wait is always short.
+            -- the first one holds busy and puts its deltas back.
             PERFORM pg_advisory_xact_lock(hashtext('pgcounters.parents'), hashtext(v_table));
         END IF;
+        -- a sum of decimals: the deltas are units of 10^-scale (version 13)
+        v_sum := CASE WHEN t.scale IS NULL THEN 'd.delta::bigint'
+                      ELSE format('pgcounters.unscaled(d.delta, %s)', t.scale) END;
         PERFORM pg_catalog.set_config('pgcounters.applying', 'on', true);
-        EXECUTE format($q$
-            WITH d AS MATERIALIZED (
-                SELECT b.key::%1$s AS key, min(b.key) AS text_key, sum(b.delta) AS delta,
-                       sum(b.n) AS n, min(b.created_at) AS created_at
-                  FROM unnest($1::pgcounters.batch_delta[]) AS b
-                 WHERE b.target_id = $2
-                 GROUP BY 1
-            ), locked AS MATERIALIZED (
-                SELECT x.%2$I AS key FROM %3$s AS x
-                 WHERE x.%2$I = ANY (ARRAY(SELECT d.key FROM d))
-                 ORDER BY x.%2$I
-                   FOR NO KEY UPDATE OF x SKIP LOCKED
-            ), applied AS (
-                UPDATE %3$s AS x SET %4$I = coalesce(x.%4$I, 0) + %6$s
-                  FROM d JOIN locked AS l ON l.key = d.key
-                 WHERE x.%2$I = d.key
-                RETURNING 1
-            ), held AS MATERIALIZED (
-                SELECT d.* FROM d
-                 WHERE NOT EXISTS (SELECT 1 FROM locked AS l WHERE l.key = d.key)
-                   AND EXISTS (SELECT 1 FROM %3$s AS x WHERE x.%2$I = d.key)
-            ), back AS (
-                INSERT INTO pgcounters.%5$I (target_id, key, delta, created_at)
-                SELECT $2, ARRAY[h.text_key]::text, h.delta::bigint, h.created_at
-                  FROM held AS h
-                 ORDER BY h.key
-                RETURNING id
-            )
-            SELECT (SELECT count(*) FROM applied),
-                   (SELECT coalesce(sum(h.n), 0) FROM held AS h)::bigint,
-                   (SELECT min(b.id) FROM back AS b),
-                   (SELECT json_agg(json_build_array($3::text, ARRAY[l.key::text]))
-                      FROM locked AS l WHERE $4)
-            $q$,
-            t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column, v_queue,
-            -- a sum of decimals: the deltas are units of 10^-scale (version 13)
-            CASE WHEN t.scale IS NULL THEN 'd.delta::bigint'
-                 ELSE format('pgcounters.unscaled(d.delta, %s)', t.scale) END)
-        INTO v_applied, v_busy, v_first, v_changes
-        USING p_columns, t.id, t.name, v_note;
+        v_busy := 0;
+        v_first := NULL;
+        v_careful := v_table = ANY (v_held) OR cardinality(p_columns) > 20000
+                     OR clock_timestamp() - v_entered > v_budget;
+        IF NOT v_careful THEN
+            BEGIN
+                PERFORM pg_catalog.set_config('lock_timeout', '1ms', true);
+                EXECUTE format($q$
+                    WITH d AS (
+                        SELECT b.key::%1$s AS key, sum(b.delta) AS delta
+                          FROM unnest($1::pgcounters.batch_delta[]) AS b
+                         WHERE b.target_id = $2
+                         GROUP BY 1
+                    ), applied AS (
+                        UPDATE %3$s AS x SET %4$I = coalesce(x.%4$I, 0) + %5$s
+                          FROM d
+                         WHERE x.%2$I = d.key
+                        RETURNING x.%2$I AS key
+                    )
+                    SELECT count(*),
+                           json_agg(json_build_array($3::text, ARRAY[a.key::text]))
+                               FILTER (WHERE $4)
+                      FROM applied AS a
+                    $q$,
+                    t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column,
+                    v_sum)
+                INTO v_applied, v_changes
+                USING p_columns, t.id, t.name, v_note;
+                PERFORM pg_catalog.set_config('lock_timeout', v_lock_timeout, true);
+            EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+                -- the rollback of the block restored lock_timeout
+                v_careful := true;
+            END;
+        END IF;
+        IF v_careful THEN
+            EXECUTE format($q$
+                WITH d AS MATERIALIZED (
+                    SELECT b.key::%1$s AS key, min(b.key) AS text_key, sum(b.delta) AS delta,
+                           sum(b.n) AS n, min(b.created_at) AS created_at
+                      FROM unnest($1::pgcounters.batch_delta[]) AS b
+                     WHERE b.target_id = $2
+                     GROUP BY 1
+                ), locked AS MATERIALIZED (
+                    SELECT x.%2$I AS key FROM %3$s AS x
+                     WHERE x.%2$I = ANY (ARRAY(SELECT d.key FROM d))
+                     ORDER BY x.%2$I
+                       FOR NO KEY UPDATE OF x SKIP LOCKED
+                ), applied AS (
+                    UPDATE %3$s AS x SET %4$I = coalesce(x.%4$I, 0) + %6$s
+                      FROM d JOIN locked AS l ON l.key = d.key
+                     WHERE x.%2$I = d.key
+                    RETURNING 1
+                ), held AS MATERIALIZED (
+                    SELECT d.* FROM d
+                     WHERE NOT EXISTS (SELECT 1 FROM locked AS l WHERE l.key = d.key)
+                       AND EXISTS (SELECT 1 FROM %3$s AS x WHERE x.%2$I = d.key)
+                ), back AS (
+                    INSERT INTO pgcounters.%5$I (target_id, key, delta, created_at)
+                    SELECT $2, ARRAY[h.text_key]::text, h.delta::bigint, h.created_at
+                      FROM held AS h
+                     ORDER BY h.key
+                    RETURNING id
+                )
+                SELECT (SELECT count(*) FROM applied),
+                       (SELECT coalesce(sum(h.n), 0) FROM held AS h)::bigint,
+                       (SELECT min(b.id) FROM back AS b),
+                       (SELECT json_agg(json_build_array($3::text, ARRAY[l.key::text]))
+                          FROM locked AS l WHERE $4)
+                $q$,
+                t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column, v_queue,
+                v_sum)
+            INTO v_applied, v_busy, v_first, v_changes
+            USING p_columns, t.id, t.name, v_note;
+            v_held := array_remove(v_held, v_table);
+            IF v_busy > 0 THEN
+                v_held := v_held || v_table;
+            END IF;
+        END IF;
         PERFORM pg_catalog.set_config('pgcounters.applying', '', true);
         keys := keys + v_applied;
         busy := busy + v_busy;
@@ -1633,6 +1692,10 @@ BEGIN
                           || substr(v_changes::text, 2) END, true);
         END IF;
     END LOOP;
+    IF v_held IS DISTINCT FROM v_held_before THEN
+        -- for the session (kept if the batch commits)
+        PERFORM pg_catalog.set_config('pgcounters.held_tables', v_held::text, false);
+    END IF;
 END;
 $$;
 
