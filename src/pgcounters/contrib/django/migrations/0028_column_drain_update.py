@@ -5,5 +5,5 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 
 class Migration(migrations.Migration):
     initial = False
-    dependencies = [("pgcounters", "0024_static_drain")]
+    dependencies = [("pgcounters", "0027_trigger_checks")]
     operations = [ApplySchemaMigration("0026_column_drain_update")]
