@@ -268,8 +268,13 @@ def test_sql_reads_and_their_grants(conn: Conn, dsn: str) -> None:
             assert app.execute(
                 "SELECT * FROM pgcounters.top_range('per_day', %s, %s, 5)", (frm, to)
             ).fetchall() == [(["1"], 1)]
-            # the application writes counted rows: its triggers key through the functions
-            app.execute("SELECT 1")
+            # the client's reads: one range and one series statement
+            day = dt.date(2026, 11, 2)
+            assert Counters(app).get_range("per_day", 1, day, day + dt.timedelta(days=1)) == 1
+            assert Counters(app).get_series("per_day", 1, day, day + dt.timedelta(days=2)) == [
+                (day, 1),
+                (day + dt.timedelta(days=1), 0),
+            ]
         conn.execute(
             "GRANT INSERT ON comment TO {0}; GRANT USAGE ON SEQUENCE comment_id_seq TO {0}".replace(
                 "{0}", app_role
@@ -568,3 +573,37 @@ def test_the_online_backfill_counts_every_period_while_rows_are_written(
         assert series == [(d, truth[(article, d)]) for d, _ in series]
     assert verify(conn, "per_day").ok
     assert verify(conn, "per_hour").ok
+
+
+def test_range_reads_keep_apart_text_keys_that_share_a_head(conn: Conn) -> None:
+    """The keys of other keys' periods may lie between a range's two keys as text (the
+    queues keep keys as their arrays' text): commas, quotes, braces and digits in text
+    keys are never counted in another key's range."""
+    conn.execute("CREATE TABLE note (id bigserial PRIMARY KEY, tag text, at timestamptz)")
+    spec = CounterSpec(
+        name="tag_per_day",
+        source="note",
+        keys=("tag",),
+        target=NamedTarget(("text",)),
+        bucket=Bucket("at", "day", "Europe/Paris"),
+    )
+    triggers.install(conn, [spec])
+    tags = ["1", "12", "1,2", "1 2", '1"2', "1,", "a", "a,b", "a}", "b", "{1,2026-11-03}", ""]
+    noon = dt.datetime(2026, 11, 1, 11, tzinfo=UTC)
+    rows = [
+        (tag, noon + dt.timedelta(days=d))
+        for i, tag in enumerate(tags)
+        for d in range(8)
+        for _ in range(1 + (i + d) % 3)
+    ]
+    conn.cursor().executemany("INSERT INTO note (tag, at) VALUES (%s, %s)", rows[::2])
+    pc = Counters(conn)
+    pc.drain()
+    conn.cursor().executemany("INSERT INTO note (tag, at) VALUES (%s, %s)", rows[1::2])
+    first, end = dt.date(2026, 11, 3), dt.date(2026, 11, 7)
+    for tag in tags:
+        per_day = Tally(t.date() for g, t in rows if g == tag and first <= t.date() < end)
+        assert pc.get_range("tag_per_day", tag, first, end) == sum(per_day.values()), tag
+        assert pc.get_series("tag_per_day", tag, first, end) == [
+            (first + dt.timedelta(days=i), per_day[first + dt.timedelta(days=i)]) for i in range(4)
+        ], tag
