@@ -470,7 +470,7 @@ def test_range_reads_on_the_standby_equal_the_primary_once_replayed(
                 keys=("page_id",),
                 target=NamedTarget(("bigint",)),
                 bucket=per_day,
-                mode=mode,
+                mode=mode,  # type: ignore[arg-type]
             )
             for name, mode in (
                 ("rep.visits_per_day", "queued"),
