@@ -33,6 +33,7 @@ from pgcounters import (
 )
 from pgcounters.connection import Conn
 from pgcounters.keys import Key
+from pgcounters.notifications import Changes
 from roles import login_role
 from support import queued, set_clock, set_database_clock, tamper, wait_for
 
@@ -469,7 +470,7 @@ def test_a_failing_retention_never_stops_the_worker_draining_and_reporting(
 ) -> None:
     _old_and_new_days(conn)
     _break_retention(conn)
-    calls: list[dict[str, set[Key]]] = []
+    calls: list[Changes] = []
     settings = WorkerSettings(min_interval=0.01, max_interval=0.05, log_every=0)
     worker = Worker(dsn, settings, on_change=calls.append)
     thread = threading.Thread(target=worker.run)
@@ -479,7 +480,9 @@ def test_a_failing_retention_never_stops_the_worker_draining_and_reporting(
             wait_for(lambda: queued(conn) == 0 and worker.get_stats().rounds > 3)
             # later deltas too, and their changes are reported
             _insert(conn, [(7, dt.datetime(2026, 11, 20, 12, tzinfo=PARIS))])
-            wait_for(lambda: any((7, dt.date(2026, 11, 20)) in c.get("per_day", ()) for c in calls))
+            wait_for(
+                lambda: any((7, dt.date(2026, 11, 20)) in (c.get("per_day") or ()) for c in calls)
+            )
         finally:
             worker.stop()
             thread.join(timeout=60)

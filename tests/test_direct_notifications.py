@@ -188,7 +188,7 @@ def test_a_worker_reports_direct_changes_to_its_callback_and_listeners(
         for name, keys in message.items():
             assert keys is not None
             texts.setdefault(name, set()).update(keys)
-    assert texts == {n: {tuple(str(p) for p in k) for k in ks} for n, ks in want.items()}
+    assert texts == {n: {tuple(str(p) for p in k) for k in ks or ()} for n, ks in want.items()}
     # the worker unregistered as it stopped: direct writes note nothing any more
     assert _listeners(blog) == 0
     blog.execute("INSERT INTO comment (article_id) VALUES (3)")
@@ -446,3 +446,18 @@ def test_the_notes_of_a_killed_worker_are_reported_by_the_next_reporting_worker(
         wait_for(lambda: _merged(calls).get("views") == {(0,), (1,)})
         assert _listeners(conn) == 1
     assert errors == []
+
+
+def test_direct_changes_of_more_keys_than_the_cap_report_their_counter_as_many_keys(
+    blog: Conn,
+) -> None:
+    listen_direct(blog)
+    blog.execute("INSERT INTO comment (article_id) VALUES (1), (2), (3)")
+    changes, taken = take_direct_batch(blog, 1000, max_keys=2)
+    assert changes == {"article.comments": None, "comments.per_article": None}
+    assert taken == 2
+    blog.execute("INSERT INTO comment (article_id) VALUES (1), (2)")
+    assert take_direct(blog, max_keys=2) == {
+        "article.comments": {(1,), (2,)},
+        "comments.per_article": {(1,), (2,)},
+    }

@@ -156,8 +156,9 @@ class BatchResult:
     """Deltas set aside in ``pgcounters.quarantine`` (they could not be applied)."""
     ahead: bool = False
     """With ``busy``: deltas queued before the ones left busy remain."""
-    changes: dict[str, set[Key]] | None = None
-    """With ``changes=True``: counter name -> the keys this batch changed."""
+    changes: notifications.Changes | None = None
+    """With ``changes=True``: counter name -> the keys this batch changed (None for a
+    counter of more than ``max_keys`` keys: many keys, not listed)."""
 
     @property
     def done(self) -> bool:
@@ -859,7 +860,12 @@ class _CounterPlans:
         return batch.deltas, batch.keys
 
     def _drain_queue_batch(
-        self, batch_size: int, unlogged: bool, changes: bool = False, one_statement: bool = False
+        self,
+        batch_size: int,
+        unlogged: bool,
+        changes: bool = False,
+        one_statement: bool = False,
+        max_keys: int | None = notifications.MAX_KEYS,
     ) -> Plan[BatchResult]:
         """Apply one batch of at most ``batch_size`` deltas in its own transaction.
 
@@ -871,7 +877,9 @@ class _CounterPlans:
         each retry is a WARNING of the ``pgcounters.drain`` logger.
 
         ``changes``: also return which counters and keys the batch changed
-        (:mod:`pgcounters.notifications`; two more statements in the batch).
+        (:mod:`pgcounters.notifications`; two more statements in the batch); a counter
+        of more than ``max_keys`` keys is reported as None (many keys), its keys not
+        decoded (None: every key listed).
 
         ``one_statement`` (the worker's rounds): the session runs Read Committed by
         default, so on a connection in autocommit mode the batch is one statement, its
@@ -931,7 +939,7 @@ class _CounterPlans:
         for attempt in range(first, _DRAIN_RETRIES):
             try:
                 row, noted = yield Transaction(batch())
-                changed = notifications.decode_noted(noted) if changes else None
+                changed = notifications.decode_noted(noted, max_keys) if changes else None
                 assert row is not None
                 return BatchResult(
                     int(row[0]), int(row[1]), int(row[2]), int(row[3]), bool(row[4]), changed
@@ -1215,9 +1223,14 @@ class Counters(_CounterPlans):
         return self._run(self._drain_batch(batch_size, unlogged))
 
     def drain_queue_batch(
-        self, batch_size: int = 10_000, *, unlogged: bool = False, changes: bool = False
+        self,
+        batch_size: int = 10_000,
+        *,
+        unlogged: bool = False,
+        changes: bool = False,
+        max_keys: int | None = notifications.MAX_KEYS,
     ) -> BatchResult:
-        return self._run(self._drain_queue_batch(batch_size, unlogged, changes))
+        return self._run(self._drain_queue_batch(batch_size, unlogged, changes, max_keys=max_keys))
 
     def drain(
         self,
@@ -1370,9 +1383,16 @@ class AsyncCounters(_CounterPlans):
         return await self._run(self._drain_batch(batch_size, unlogged))
 
     async def drain_queue_batch(
-        self, batch_size: int = 10_000, *, unlogged: bool = False, changes: bool = False
+        self,
+        batch_size: int = 10_000,
+        *,
+        unlogged: bool = False,
+        changes: bool = False,
+        max_keys: int | None = notifications.MAX_KEYS,
     ) -> BatchResult:
-        return await self._run(self._drain_queue_batch(batch_size, unlogged, changes))
+        return await self._run(
+            self._drain_queue_batch(batch_size, unlogged, changes, max_keys=max_keys)
+        )
 
     async def drain(
         self,
