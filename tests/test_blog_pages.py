@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from blog import charts, pagecache
-from blog.models import Article, Comment, Tag, User
+from blog.models import Article, Comment, Tag, User, comments_per_day
 from django.core.cache import cache
 from django.core.management import call_command
 from django.db import connection
@@ -26,7 +26,7 @@ from django.test import Client
 
 import truth
 from django_support import assert_exact, blog_truths, drain
-from pgcounters import Counters
+from pgcounters import Bucket, Counters
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.signals import counters_changed, worker
 from pgcounters.notifications import Changes
@@ -219,6 +219,26 @@ def test_the_series_is_zero_filled_and_equals_the_truth() -> None:
     for bad in ("days=0", "days=400", "days=x", "until=10/03/2026"):
         assert Client().get(f"/articles/{article.pk}/activity/?{bad}").status_code == 400
     assert Client().get("/articles/999999/activity/").status_code == 404
+
+
+def test_the_chart_reads_a_counter_per_day_over_a_range() -> None:
+    """The chart's counter is a time bucket per day: one range read, and the articles most
+    commented over the range ranked by the same counter."""
+    assert comments_per_day.spec().bucket == Bucket("created_on", "day", time_zone="UTC")
+    user = User.objects.create(username="ann")
+    a, b = Article.objects.bulk_create([Article(title="a"), Article(title="b")])
+    day = dt.date(2026, 3, 10)
+    Comment.objects.bulk_create(
+        [Comment(article=a, creator=user, publish_status="public", created_on=day)] * 2
+        + [Comment(article=b, creator=user, publish_status="public", created_on=day)] * 3
+        + [Comment(article=a, creator=user, publish_status="public",
+                   created_on=day - dt.timedelta(days=7))] * 5
+    )  # fmt: skip
+    week = (day - dt.timedelta(days=6), day + dt.timedelta(days=1))
+    assert comments_per_day.get_range(a.pk, *week) == 2
+    assert comments_per_day.top_range(*week) == [((b.pk,), 3), ((a.pk,), 2)]
+    drain()
+    assert comments_per_day.get_range(a.pk, week[0] - dt.timedelta(days=1), week[1]) == 7
 
 
 def test_the_article_page_shows_todays_chart() -> None:
