@@ -6,43 +6,92 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('blog', '0006_path_tag_day_counters'),
-        ('pgcounters', '0025_range_reads'),
+        ("blog", "0006_path_tag_day_counters"),
+        ("pgcounters", "0025_range_reads"),
     ]
 
     operations = [
         pgtrigger.migrations.RemoveTrigger(
-            model_name='comment',
-            name='pgc_blog_article_comments_per_day_6382b1_ins',
+            model_name="comment",
+            name="pgc_blog_article_comments_per_day_6382b1_ins",
         ),
         pgtrigger.migrations.RemoveTrigger(
-            model_name='comment',
-            name='pgc_blog_article_comments_per_day_6382b1_upd',
+            model_name="comment",
+            name="pgc_blog_article_comments_per_day_6382b1_upd",
         ),
         pgtrigger.migrations.RemoveTrigger(
-            model_name='comment',
-            name='pgc_blog_article_comments_per_day_6382b1_del',
+            model_name="comment",
+            name="pgc_blog_article_comments_per_day_6382b1_del",
         ),
         pgtrigger.migrations.RemoveTrigger(
-            model_name='comment',
-            name='pgc_blog_article_comments_per_day_6382b1_trn',
+            model_name="comment",
+            name="pgc_blog_article_comments_per_day_6382b1_trn",
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='comment',
-            trigger=pgtrigger.compiler.Trigger(name='pgc_blog_article_comments_per_day_6382b1_ins', sql=pgtrigger.compiler.UpsertTriggerSql(declare='DECLARE _pgc_target integer;', func='    -- pgcounters spec fingerprint=58aa04d806deccf4 event=insert name=blog.article.comments_per_day\n    IF pgcounters.is_paused(\'blog.article.comments_per_day\') THEN\n        RETURN NULL;\n    END IF;\n    _pgc_target := pgcounters.ensure_target(\'blog.article.comments_per_day\', \'{bigint,date}\'::text[], \'queued\');\n    INSERT INTO "pgcounters"."queue" (target_id, key, delta)\n    SELECT _pgc_target, n.key, n.delta FROM (SELECT d.key, d.delta FROM (SELECT ARRAY[(("article_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))))]::text[] AS key, count(*)::bigint AS delta FROM "pgc_new" AS "blog_comment" WHERE ("blog_comment"."publish_status" = \'public\') AND ("article_id") IS NOT NULL AND ((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("article_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\')))) AS d WHERE d.delta <> 0) AS n;\n    RETURN NULL;\n', hash='acb429cdfd4144cd599f32a1c723850739efb056', level='STATEMENT', operation='INSERT', pgid='pgtrigger_pgc_blog_article_comments_per_day_6382b1_ins_ab2e4', referencing='REFERENCING NEW TABLE AS pgc_new ', table='blog_comment', when='AFTER')),
+            model_name="comment",
+            trigger=pgtrigger.compiler.Trigger(
+                name="pgc_blog_article_comments_per_day_6382b1_ins",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare="DECLARE _pgc_target integer;",
+                    func='    -- pgcounters spec fingerprint=58aa04d806deccf4 event=insert name=blog.article.comments_per_day\n    IF pgcounters.is_paused(\'blog.article.comments_per_day\') THEN\n        RETURN NULL;\n    END IF;\n    _pgc_target := pgcounters.ensure_target(\'blog.article.comments_per_day\', \'{bigint,date}\'::text[], \'queued\');\n    INSERT INTO "pgcounters"."queue" (target_id, key, delta)\n    SELECT _pgc_target, n.key, n.delta FROM (SELECT d.key, d.delta FROM (SELECT ARRAY[(("article_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))))]::text[] AS key, count(*)::bigint AS delta FROM "pgc_new" AS "blog_comment" WHERE ("blog_comment"."publish_status" = \'public\') AND ("article_id") IS NOT NULL AND ((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("article_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\')))) AS d WHERE d.delta <> 0) AS n;\n    RETURN NULL;\n',
+                    hash="acb429cdfd4144cd599f32a1c723850739efb056",
+                    level="STATEMENT",
+                    operation="INSERT",
+                    pgid="pgtrigger_pgc_blog_article_comments_per_day_6382b1_ins_ab2e4",
+                    referencing="REFERENCING NEW TABLE AS pgc_new ",
+                    table="blog_comment",
+                    when="AFTER",
+                ),
+            ),
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='comment',
-            trigger=pgtrigger.compiler.Trigger(name='pgc_blog_article_comments_per_day_6382b1_upd', sql=pgtrigger.compiler.UpsertTriggerSql(declare='DECLARE _pgc_target integer;', func='    -- pgcounters spec fingerprint=58aa04d806deccf4 event=update name=blog.article.comments_per_day\n    IF pgcounters.is_paused(\'blog.article.comments_per_day\') THEN\n        RETURN NULL;\n    END IF;\n    _pgc_target := pgcounters.ensure_target(\'blog.article.comments_per_day\', \'{bigint,date}\'::text[], \'queued\');\n    INSERT INTO "pgcounters"."queue" (target_id, key, delta)\n    SELECT _pgc_target, n.key, n.delta FROM (SELECT d.key, d.delta FROM (SELECT c.key, sum(c.delta)::bigint AS delta FROM (SELECT ARRAY[(("article_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))))]::text[] AS key, -count(*)::bigint AS delta FROM "pgc_old" AS "blog_comment" WHERE ("blog_comment"."publish_status" = \'public\') AND ("article_id") IS NOT NULL AND ((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("article_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) UNION ALL SELECT ARRAY[(("article_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))))]::text[] AS key, count(*)::bigint AS delta FROM "pgc_new" AS "blog_comment" WHERE ("blog_comment"."publish_status" = \'public\') AND ("article_id") IS NOT NULL AND ((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("article_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\')))) AS c GROUP BY 1) AS d WHERE d.delta <> 0) AS n;\n    RETURN NULL;\n', hash='66ee3d8197db6ca1939d6816f5c07ef512b4cb82', level='STATEMENT', operation='UPDATE', pgid='pgtrigger_pgc_blog_article_comments_per_day_6382b1_upd_019da', referencing='REFERENCING OLD TABLE AS pgc_old  NEW TABLE AS pgc_new ', table='blog_comment', when='AFTER')),
+            model_name="comment",
+            trigger=pgtrigger.compiler.Trigger(
+                name="pgc_blog_article_comments_per_day_6382b1_upd",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare="DECLARE _pgc_target integer;",
+                    func='    -- pgcounters spec fingerprint=58aa04d806deccf4 event=update name=blog.article.comments_per_day\n    IF pgcounters.is_paused(\'blog.article.comments_per_day\') THEN\n        RETURN NULL;\n    END IF;\n    _pgc_target := pgcounters.ensure_target(\'blog.article.comments_per_day\', \'{bigint,date}\'::text[], \'queued\');\n    INSERT INTO "pgcounters"."queue" (target_id, key, delta)\n    SELECT _pgc_target, n.key, n.delta FROM (SELECT d.key, d.delta FROM (SELECT c.key, sum(c.delta)::bigint AS delta FROM (SELECT ARRAY[(("article_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))))]::text[] AS key, -count(*)::bigint AS delta FROM "pgc_old" AS "blog_comment" WHERE ("blog_comment"."publish_status" = \'public\') AND ("article_id") IS NOT NULL AND ((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("article_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) UNION ALL SELECT ARRAY[(("article_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))))]::text[] AS key, count(*)::bigint AS delta FROM "pgc_new" AS "blog_comment" WHERE ("blog_comment"."publish_status" = \'public\') AND ("article_id") IS NOT NULL AND ((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("article_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\')))) AS c GROUP BY 1) AS d WHERE d.delta <> 0) AS n;\n    RETURN NULL;\n',
+                    hash="66ee3d8197db6ca1939d6816f5c07ef512b4cb82",
+                    level="STATEMENT",
+                    operation="UPDATE",
+                    pgid="pgtrigger_pgc_blog_article_comments_per_day_6382b1_upd_019da",
+                    referencing="REFERENCING OLD TABLE AS pgc_old  NEW TABLE AS pgc_new ",
+                    table="blog_comment",
+                    when="AFTER",
+                ),
+            ),
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='comment',
-            trigger=pgtrigger.compiler.Trigger(name='pgc_blog_article_comments_per_day_6382b1_del', sql=pgtrigger.compiler.UpsertTriggerSql(declare='DECLARE _pgc_target integer;', func='    -- pgcounters spec fingerprint=58aa04d806deccf4 event=delete name=blog.article.comments_per_day\n    IF pgcounters.is_paused(\'blog.article.comments_per_day\') THEN\n        RETURN NULL;\n    END IF;\n    _pgc_target := pgcounters.ensure_target(\'blog.article.comments_per_day\', \'{bigint,date}\'::text[], \'queued\');\n    INSERT INTO "pgcounters"."queue" (target_id, key, delta)\n    SELECT _pgc_target, n.key, n.delta FROM (SELECT d.key, d.delta FROM (SELECT ARRAY[(("article_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))))]::text[] AS key, -count(*)::bigint AS delta FROM "pgc_old" AS "blog_comment" WHERE ("blog_comment"."publish_status" = \'public\') AND ("article_id") IS NOT NULL AND ((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("article_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\')))) AS d WHERE d.delta <> 0) AS n;\n    RETURN NULL;\n', hash='17f91e5d0a696a616cdba7e284ff5245e79a286c', level='STATEMENT', operation='DELETE', pgid='pgtrigger_pgc_blog_article_comments_per_day_6382b1_del_218af', referencing='REFERENCING OLD TABLE AS pgc_old ', table='blog_comment', when='AFTER')),
+            model_name="comment",
+            trigger=pgtrigger.compiler.Trigger(
+                name="pgc_blog_article_comments_per_day_6382b1_del",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare="DECLARE _pgc_target integer;",
+                    func='    -- pgcounters spec fingerprint=58aa04d806deccf4 event=delete name=blog.article.comments_per_day\n    IF pgcounters.is_paused(\'blog.article.comments_per_day\') THEN\n        RETURN NULL;\n    END IF;\n    _pgc_target := pgcounters.ensure_target(\'blog.article.comments_per_day\', \'{bigint,date}\'::text[], \'queued\');\n    INSERT INTO "pgcounters"."queue" (target_id, key, delta)\n    SELECT _pgc_target, n.key, n.delta FROM (SELECT d.key, d.delta FROM (SELECT ARRAY[(("article_id")::bigint)::text, pgcounters.date_text(pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))))]::text[] AS key, -count(*)::bigint AS delta FROM "pgc_old" AS "blog_comment" WHERE ("blog_comment"."publish_status" = \'public\') AND ("article_id") IS NOT NULL AND ((pgcounters.bucket_date("created_on", \'day\', \'UTC\'))) IS NOT NULL GROUP BY (("article_id")::bigint), pgcounters.date_key((pgcounters.bucket_date("created_on", \'day\', \'UTC\')))) AS d WHERE d.delta <> 0) AS n;\n    RETURN NULL;\n',
+                    hash="17f91e5d0a696a616cdba7e284ff5245e79a286c",
+                    level="STATEMENT",
+                    operation="DELETE",
+                    pgid="pgtrigger_pgc_blog_article_comments_per_day_6382b1_del_218af",
+                    referencing="REFERENCING OLD TABLE AS pgc_old ",
+                    table="blog_comment",
+                    when="AFTER",
+                ),
+            ),
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='comment',
-            trigger=pgtrigger.compiler.Trigger(name='pgc_blog_article_comments_per_day_6382b1_trn', sql=pgtrigger.compiler.UpsertTriggerSql(func="    -- pgcounters spec fingerprint=58aa04d806deccf4 event=truncate name=blog.article.comments_per_day\n    IF pgcounters.is_paused('blog.article.comments_per_day') THEN\n        RETURN NULL;\n    END IF;\n    PERFORM pgcounters.reset_target(pgcounters.ensure_target('blog.article.comments_per_day', '{bigint,date}'::text[], 'queued'));\n    RETURN NULL;\n", hash='78c4a8b1b43f9d187b6937852241e839b42a42c5', level='STATEMENT', operation='TRUNCATE', pgid='pgtrigger_pgc_blog_article_comments_per_day_6382b1_trn_5288a', table='blog_comment', when='AFTER')),
+            model_name="comment",
+            trigger=pgtrigger.compiler.Trigger(
+                name="pgc_blog_article_comments_per_day_6382b1_trn",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="    -- pgcounters spec fingerprint=58aa04d806deccf4 event=truncate name=blog.article.comments_per_day\n    IF pgcounters.is_paused('blog.article.comments_per_day') THEN\n        RETURN NULL;\n    END IF;\n    PERFORM pgcounters.reset_target(pgcounters.ensure_target('blog.article.comments_per_day', '{bigint,date}'::text[], 'queued'));\n    RETURN NULL;\n",
+                    hash="78c4a8b1b43f9d187b6937852241e839b42a42c5",
+                    level="STATEMENT",
+                    operation="TRUNCATE",
+                    pgid="pgtrigger_pgc_blog_article_comments_per_day_6382b1_trn_5288a",
+                    table="blog_comment",
+                    when="AFTER",
+                ),
+            ),
         ),
     ]
