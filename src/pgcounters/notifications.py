@@ -94,13 +94,15 @@ def decode_noted(row: Any, max_keys: int | None = MAX_KEYS) -> Changes:
         json.loads(raw_types) if isinstance(raw_types, str) else raw_types or {}
     )
     changes: Changes = {}
-    # how many keys each counter noted, counted without a Python loop
-    tally = Counter(map(itemgetter(0), noted))
-    many = {c for c, n in tally.items() if max_keys is not None and n > max_keys}
-    for counter in many:
-        changes[counter] = None
-    if len(many) == len(tally):
-        return changes
+    many: set[str] = set()
+    if max_keys is not None and len(noted) > max_keys:
+        # how many keys each counter noted, counted without a Python loop
+        tally = Counter(map(itemgetter(0), noted))
+        many = {c for c, n in tally.items() if n > max_keys}
+        for counter in many:
+            changes[counter] = None
+        if len(many) == len(tally):
+            return changes
     # the parts of each listed counter's keys first, then one decoding pass per counter
     by_counter: dict[str, list[list[str]]] = {}
     for counter, parts in noted:
