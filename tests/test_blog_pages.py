@@ -8,6 +8,7 @@ Every count a page shows is checked against the ORM's own aggregate
 from __future__ import annotations
 
 import datetime as dt
+import io
 import os
 import re
 import signal
@@ -17,7 +18,8 @@ from typing import Any
 
 import pytest
 from blog import charts, pagecache
-from blog.models import Article, Comment, Tag, User
+from blog.management.commands.blog_listen import Command as BlogListen
+from blog.models import Article, Comment, Tag, User, comments_per_day
 from django.core.cache import cache
 from django.core.management import call_command
 from django.db import connection
@@ -26,12 +28,13 @@ from django.test import Client
 
 import truth
 from django_support import assert_exact, blog_truths, drain
-from pgcounters import Counters
+from pgcounters import Bucket, Counters
+from pgcounters.contrib.django.db import dsn as db_dsn
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.signals import counters_changed, worker
-from pgcounters.notifications import Changes
-from pgcounters.worker import WorkerSettings
-from support import wait_for
+from pgcounters.notifications import CHANNEL, Changes
+from pgcounters.worker import Worker, WorkerSettings
+from support import running, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -221,6 +224,26 @@ def test_the_series_is_zero_filled_and_equals_the_truth() -> None:
     assert Client().get("/articles/999999/activity/").status_code == 404
 
 
+def test_the_chart_reads_a_counter_per_day_over_a_range() -> None:
+    """The chart's counter is a time bucket per day: one range read, and the articles most
+    commented over the range ranked by the same counter."""
+    assert comments_per_day.spec().bucket == Bucket("created_on", "day", time_zone="UTC")
+    user = User.objects.create(username="ann")
+    a, b = Article.objects.bulk_create([Article(title="a"), Article(title="b")])
+    day = dt.date(2026, 3, 10)
+    Comment.objects.bulk_create(
+        [Comment(article=a, creator=user, publish_status="public", created_on=day)] * 2
+        + [Comment(article=b, creator=user, publish_status="public", created_on=day)] * 3
+        + [Comment(article=a, creator=user, publish_status="public",
+                   created_on=day - dt.timedelta(days=7))] * 5
+    )  # fmt: skip
+    week = (day - dt.timedelta(days=6), day + dt.timedelta(days=1))
+    assert comments_per_day.get_range(a.pk, *week) == 2
+    assert comments_per_day.top_range(*week) == [((b.pk,), 3), ((a.pk,), 2)]
+    drain()
+    assert comments_per_day.get_range(a.pk, week[0] - dt.timedelta(days=1), week[1]) == 7
+
+
 def test_the_article_page_shows_todays_chart() -> None:
     user = User.objects.create(username="ann")
     article = Article.objects.create(title="a")
@@ -280,6 +303,112 @@ def _pgcounters_worker_until_reported(reports: list[Changes]) -> None:
     assert failures == []
 
 
+def test_a_batch_of_many_keys_makes_every_cached_page_stale(reports: list[Changes]) -> None:
+    """Above ``--notify-max-keys`` the signal names the counter without its keys: the
+    example drops every page, those of articles the batch did not touch too."""
+    user = User.objects.create(username="ann")
+    a, b, untouched = Article.objects.bulk_create([Article(title=t) for t in "abc"])
+    drain()
+    client = Client()
+    for article in (a, b, untouched):
+        assert _shown(client, article) == ("miss", 0, 0)
+        assert _shown(client, article) == ("hit", 0, 0)
+    for article in (a, b):
+        Comment.objects.create(article=article, creator=user, publish_status="public")
+    before = len(reports)
+    failures: list[BaseException] = []
+
+    def stop_when_reported() -> None:
+        try:
+            wait_for(lambda: len(reports) > before)
+        except BaseException as exc:
+            failures.append(exc)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    stopper = threading.Thread(target=stop_when_reported)
+    stopper.start()
+    call_command(
+        "pgcounters", "worker", "--min-interval", "0.01", "--log-level", "warning",
+        "--notify-max-keys", "1",
+    )  # fmt: skip
+    stopper.join()
+    assert failures == []
+    assert reports[-1]["blog.article.public_comments"] is None
+    assert _shown(client, a) == ("miss", 1, 0)
+    assert _shown(client, b) == ("miss", 1, 0)
+    assert _shown(client, untouched) == ("miss", 0, 0)
+    assert _shown(client, untouched) == ("hit", 0, 0)
+
+
+def test_the_listener_invalidates_the_pages_a_workers_notification_names() -> None:
+    """``manage.py blog_listen`` in a thread of its own, LISTENing on the real database,
+    while a worker that sends NOTIFY (and no Django signal) drains: the page it names is
+    rendered again, the other is still served from the cache."""
+    user = User.objects.create(username="ann")
+    article, other = Article.objects.bulk_create([Article(title="a"), Article(title="b")])
+    Comment.objects.create(article=article, creator=user, publish_status="public")
+    drain()
+    client = Client()
+    for shown in (article, other):
+        assert _shown(client, shown)[0] == "miss"
+        assert _shown(client, shown)[0] == "hit"
+    out = io.StringIO()
+    failures: list[BaseException] = []
+
+    def listen() -> None:
+        try:
+            call_command("blog_listen", count=1, timeout=60, stdout=out)
+        except BaseException as exc:
+            failures.append(exc)
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    with psycopg_connection() as conn:
+
+        def listening() -> bool:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = %s",
+                (f"LISTEN {CHANNEL}",),
+            ).fetchone()
+            return row is not None and row[0] == 1
+
+        wait_for(listening)
+    Comment.objects.create(
+        article=article, creator=user, publish_status="public", message="new comment"
+    )
+    settings = WorkerSettings(
+        min_interval=0.01, max_interval=0.05, log_every=0, notify=True, notify_interval=0
+    )
+    with running(Worker(db_dsn(), settings)) as errors:
+        listener.join(timeout=60)
+    assert errors == []
+    assert failures == []
+    assert not listener.is_alive()
+    assert out.getvalue().splitlines() == [
+        f"listening on {CHANNEL}",
+        f"invalidated the pages of articles {article.pk}",
+    ]
+    assert _shown(client, article) == ("miss", 2, 1)
+    assert _shown(client, other) == ("hit", 0, 0)
+
+
+def test_the_listener_reads_every_form_of_notification() -> None:
+    article = Article.objects.create(title="a")
+    client = Client()
+    assert _shown(client, article)[0] == "miss"
+    invalidate = BlogListen.invalidate
+    assert invalidate('{"blog.users.total": [[]]}') == "no article page shows blog.users.total"
+    assert _shown(client, article)[0] == "hit"
+    for payload, said in (
+        ('{"blog.article.public_comments": "*"}', "many keys of blog.article.public_comments"),
+        ('{"*": "*"}', "everything changed"),
+        ("[]", "unreadable notification"),
+    ):
+        assert invalidate(payload).startswith(said)
+        assert _shown(client, article)[0] == "miss"
+        assert _shown(client, article)[0] == "hit"
+
+
 def test_the_cached_article_page_is_fresh_after_the_workers_batch(
     reports: list[Changes],
 ) -> None:
@@ -299,7 +428,7 @@ def test_the_cached_article_page_is_fresh_after_the_workers_batch(
     assert _shown(client, article) == ("hit", 1, 0)
 
     _pgcounters_worker_until_reported(reports)
-    assert (article.pk,) in reports[-1]["blog.article.public_comments"]
+    assert (article.pk,) in (reports[-1]["blog.article.public_comments"] or ())
     # after it: rendered again, with the new comment and its count
     assert _shown(client, article) == ("miss", 2, 1)
     assert _shown(client, article) == ("hit", 2, 1)

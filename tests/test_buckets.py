@@ -33,6 +33,7 @@ from pgcounters import (
 )
 from pgcounters.connection import Conn
 from pgcounters.keys import Key
+from pgcounters.notifications import Changes
 from roles import login_role
 from support import queued, set_clock, set_database_clock, tamper, wait_for
 
@@ -268,8 +269,13 @@ def test_sql_reads_and_their_grants(conn: Conn, dsn: str) -> None:
             assert app.execute(
                 "SELECT * FROM pgcounters.top_range('per_day', %s, %s, 5)", (frm, to)
             ).fetchall() == [(["1"], 1)]
-            # the application writes counted rows: its triggers key through the functions
-            app.execute("SELECT 1")
+            # the client's reads: one range and one series statement
+            day = dt.date(2026, 11, 2)
+            assert Counters(app).get_range("per_day", 1, day, day + dt.timedelta(days=1)) == 1
+            assert Counters(app).get_series("per_day", 1, day, day + dt.timedelta(days=2)) == [
+                (day, 1),
+                (day + dt.timedelta(days=1), 0),
+            ]
         conn.execute(
             "GRANT INSERT ON comment TO {0}; GRANT USAGE ON SEQUENCE comment_id_seq TO {0}".replace(
                 "{0}", app_role
@@ -464,7 +470,7 @@ def test_a_failing_retention_never_stops_the_worker_draining_and_reporting(
 ) -> None:
     _old_and_new_days(conn)
     _break_retention(conn)
-    calls: list[dict[str, set[Key]]] = []
+    calls: list[Changes] = []
     settings = WorkerSettings(min_interval=0.01, max_interval=0.05, log_every=0)
     worker = Worker(dsn, settings, on_change=calls.append)
     thread = threading.Thread(target=worker.run)
@@ -474,7 +480,9 @@ def test_a_failing_retention_never_stops_the_worker_draining_and_reporting(
             wait_for(lambda: queued(conn) == 0 and worker.get_stats().rounds > 3)
             # later deltas too, and their changes are reported
             _insert(conn, [(7, dt.datetime(2026, 11, 20, 12, tzinfo=PARIS))])
-            wait_for(lambda: any((7, dt.date(2026, 11, 20)) in c.get("per_day", ()) for c in calls))
+            wait_for(
+                lambda: any((7, dt.date(2026, 11, 20)) in (c.get("per_day") or ()) for c in calls)
+            )
         finally:
             worker.stop()
             thread.join(timeout=60)
@@ -568,3 +576,37 @@ def test_the_online_backfill_counts_every_period_while_rows_are_written(
         assert series == [(d, truth[(article, d)]) for d, _ in series]
     assert verify(conn, "per_day").ok
     assert verify(conn, "per_hour").ok
+
+
+def test_range_reads_keep_apart_text_keys_that_share_a_head(conn: Conn) -> None:
+    """The keys of other keys' periods may lie between a range's two keys as text (the
+    queues keep keys as their arrays' text): commas, quotes, braces and digits in text
+    keys are never counted in another key's range."""
+    conn.execute("CREATE TABLE note (id bigserial PRIMARY KEY, tag text, at timestamptz)")
+    spec = CounterSpec(
+        name="tag_per_day",
+        source="note",
+        keys=("tag",),
+        target=NamedTarget(("text",)),
+        bucket=Bucket("at", "day", "Europe/Paris"),
+    )
+    triggers.install(conn, [spec])
+    tags = ["1", "12", "1,2", "1 2", '1"2', "1,", "a", "a,b", "a}", "b", "{1,2026-11-03}", ""]
+    noon = dt.datetime(2026, 11, 1, 11, tzinfo=UTC)
+    rows = [
+        (tag, noon + dt.timedelta(days=d))
+        for i, tag in enumerate(tags)
+        for d in range(8)
+        for _ in range(1 + (i + d) % 3)
+    ]
+    conn.cursor().executemany("INSERT INTO note (tag, at) VALUES (%s, %s)", rows[::2])
+    pc = Counters(conn)
+    pc.drain()
+    conn.cursor().executemany("INSERT INTO note (tag, at) VALUES (%s, %s)", rows[1::2])
+    first, end = dt.date(2026, 11, 3), dt.date(2026, 11, 7)
+    for tag in tags:
+        per_day = Tally(t.date() for g, t in rows if g == tag and first <= t.date() < end)
+        assert pc.get_range("tag_per_day", tag, first, end) == sum(per_day.values()), tag
+        assert pc.get_series("tag_per_day", tag, first, end) == [
+            (first + dt.timedelta(days=i), per_day[first + dt.timedelta(days=i)]) for i in range(4)
+        ], tag

@@ -188,7 +188,7 @@ def test_a_worker_reports_direct_changes_to_its_callback_and_listeners(
         for name, keys in message.items():
             assert keys is not None
             texts.setdefault(name, set()).update(keys)
-    assert texts == {n: {tuple(str(p) for p in k) for k in ks} for n, ks in want.items()}
+    assert texts == {n: {tuple(str(p) for p in k) for k in ks or ()} for n, ks in want.items()}
     # the worker unregistered as it stopped: direct writes note nothing any more
     assert _listeners(blog) == 0
     blog.execute("INSERT INTO comment (article_id) VALUES (3)")
@@ -491,4 +491,19 @@ def test_an_application_role_cannot_note_changes_by_calling_note_direct(
         "comments.per_article": {(2,)},
         "article.comments": {(2,), (5,)},
         "views": {(4,)},
+    }
+
+
+def test_direct_changes_of_more_keys_than_the_cap_report_their_counter_as_many_keys(
+    blog: Conn,
+) -> None:
+    listen_direct(blog)
+    blog.execute("INSERT INTO comment (article_id) VALUES (1), (2), (3)")
+    changes, taken = take_direct_batch(blog, 1000, max_keys=2)
+    assert changes == {"article.comments": None, "comments.per_article": None}
+    assert taken == 2
+    blog.execute("INSERT INTO comment (article_id) VALUES (1), (2)")
+    assert take_direct(blog, max_keys=2) == {
+        "article.comments": {(1,), (2,)},
+        "comments.per_article": {(1,), (2,)},
     }

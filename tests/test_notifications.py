@@ -42,10 +42,11 @@ def _write(
         delta = rng.choice(deltas)
         pc.incr(name, key, delta)
         sums[(name, key)] = sums.get((name, key), 0) + delta
-    truth: Changes = {}
+    listed: dict[str, set[Key]] = {}
     for (name, key), total in sums.items():
         if total:
-            truth.setdefault(name, set()).add(key)
+            listed.setdefault(name, set()).add(key)
+    truth: Changes = dict(listed)
     return truth
 
 
@@ -67,7 +68,7 @@ def test_a_batch_reports_exactly_the_keys_it_changed(pc: Counters) -> None:
         got = merge(dict(logged.changes), unlogged.changes)
         assert got == truth
         assert set(unlogged.changes) <= {"fast"}
-        assert sum(map(len, got.values())) == logged.keys + unlogged.keys
+        assert sum(len(keys or ()) for keys in got.values()) == logged.keys + unlogged.keys
     # nothing queued: nothing changed; without changes=True: not asked
     assert pc.drain_queue_batch(changes=True).changes == {}
     pc.incr("views", 1)
@@ -163,7 +164,7 @@ def test_a_worker_calls_back_once_per_committed_batch_with_exactly_its_keys(
         merge(seen, changes)
     # every key written is reported (all deltas are positive), the rolled-back one is not
     assert seen == truth
-    assert (999,) not in seen["views"]
+    assert (999,) not in (seen["views"] or ())
 
 
 def _rolled_back_write(conn: Conn, pc: Counters) -> None:
@@ -229,7 +230,8 @@ def test_a_listener_receives_one_notification_per_batch(dsn: str, conn: Conn, pc
         received = [parse_payload(p) for p in _notifications(listener)]
     assert len(received) == len(calls) == worker.get_stats().notifications
     assert received == [
-        {name: {tuple(str(p) for p in k) for k in keys} for name, keys in c.items()} for c in calls
+        {name: {tuple(str(p) for p in k) for k in keys or ()} for name, keys in c.items()}
+        for c in calls
     ]
     union: dict[str, set[tuple[str, ...]]] = {}
     for message in received:
@@ -239,7 +241,7 @@ def test_a_listener_receives_one_notification_per_batch(dsn: str, conn: Conn, pc
     # a key that ends at zero may have changed in one of the batches: the truth's keys are
     # all there, and nothing that was not written
     for name, keys in truth.items():
-        assert {tuple(str(p) for p in k) for k in keys} <= union[name]
+        assert {tuple(str(p) for p in k) for k in keys or ()} <= union[name]
     for name, got in union.items():
         assert got <= {tuple(str(p) for p in k) for k in _all_keys(name)}
 
@@ -280,23 +282,22 @@ def test_a_payload_too_large_names_the_counters_whose_keys_all_changed(conn: Con
     many: Changes = {f"counter_{i:03}_{'x' * 150}": {(i,)} for i in range(100)}
     assert parse_payload(payload(many)) == {"*": None}
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        conn.execute("SELECT pg_notify('t', %s)", (json.dumps(sorted(changes["big"])),))
+        conn.execute("SELECT pg_notify('t', %s)", (json.dumps(sorted(changes["big"] or ())),))
 
 
-def test_a_batch_with_too_many_keys_notifies_everything_of_its_counter(
-    dsn: str, conn: Conn, pc: Counters
-) -> None:
+def _many_views(conn: Conn, pc: Counters, n: int = 3000) -> None:
     target = pc.create_counter("views", int).id
     pc.create_counter("likes", int)
     conn.execute(
         "INSERT INTO pgcounters.queue (target_id, key, delta)"
-        " SELECT %s, ARRAY[g::text]::text, 1 FROM generate_series(1, 3000) AS g",
-        (target,),
+        " SELECT %s, ARRAY[g::text]::text, 1 FROM generate_series(1, %s) AS g",
+        (target, n),
     )
     pc.incr("likes", 5)
-    settings = WorkerSettings(
-        min_interval=0.01, max_interval=0.05, log_every=0, notify=True, notify_interval=0
-    )
+
+
+def _reported(dsn: str, conn: Conn, settings: WorkerSettings) -> tuple[list[Changes], list[str]]:
+    """What a worker reports of the queue: its callback's calls and its notifications."""
     calls: list[Changes] = []
     worker = Worker(dsn, settings, on_change=calls.append)
     with psycopg.connect(dsn, autocommit=True) as listener:
@@ -304,12 +305,66 @@ def test_a_batch_with_too_many_keys_notifies_everything_of_its_counter(
         with running(worker):
             wait_for(lambda: queued(conn) == 0)
             wait_for(lambda: worker.get_stats().deltas == 3001)
-        texts = _notifications(listener)
-    # the callback gets every key; the notification says "all of views"
+        return calls, _notifications(listener)
+
+
+NOTIFYING = WorkerSettings(
+    min_interval=0.01, max_interval=0.05, log_every=0, notify=True, notify_interval=0
+)
+
+
+def test_a_batch_with_more_keys_than_the_cap_reports_its_counter_as_many_keys(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    _many_views(conn, pc)
+    calls, texts = _reported(dsn, conn, NOTIFYING)
+    # 3000 keys of views, above the default cap (1000): the counter without its keys,
+    # the same way to the callback (None) and to the listeners ("*")
+    assert calls == [{"views": None, "likes": {(5,)}}]
+    assert len(texts) == 1
+    assert json.loads(texts[0]) == {"likes": [["5"]], "views": "*"}
+    assert parse_payload(texts[0]) == {"views": None, "likes": {("5",)}}
+
+
+def test_a_cap_above_the_keys_of_a_batch_lists_them_all(dsn: str, conn: Conn, pc: Counters) -> None:
+    _many_views(conn, pc)
+    settings = WorkerSettings(**{**NOTIFYING.__dict__, "notify_max_keys": 5000})
+    calls, texts = _reported(dsn, conn, settings)
+    # the callback gets every key; the notification, too large to list them, says
+    # "all of views"
     assert calls == [{"views": {(k,) for k in range(1, 3001)}, "likes": {(5,)}}]
     assert len(texts) == 1
     assert len(texts[0].encode()) <= MAX_PAYLOAD
     assert parse_payload(texts[0]) == {"views": None, "likes": {("5",)}}
+
+
+def test_the_cap_counts_the_keys_of_each_counter_and_of_the_batches_held_back(
+    pc: Counters,
+) -> None:
+    pc.create_counter("views", int)
+    pc.create_counter("likes", int)
+    for k in range(3):
+        pc.incr("views", k)
+    pc.incr("likes", 1)
+    batch = pc.drain_queue_batch(changes=True, max_keys=2)
+    assert batch.changes == {"views": None, "likes": {(1,)}}
+    assert pc.drain_queue_batch(changes=True, max_keys=None).changes == {}
+    for k in range(3):
+        pc.incr("views", k)
+    assert pc.drain_queue_batch(changes=True, max_keys=None).changes == {
+        "views": {(0,), (1,), (2,)}
+    }
+    # the notifications merge batches: a counter whose keys add up above the cap is many
+    held: Changes = {}
+    merge(held, {"likes": {(1,)}}, 2)
+    merge(held, {"likes": {(2,)}}, 2)
+    assert held == {"likes": {(1,), (2,)}}
+    merge(held, {"likes": {(3,)}}, 2)
+    assert held == {"likes": None}
+    merge(held, {"likes": {(4,)}}, 2)
+    assert held == {"likes": None}
+    with pytest.raises(ConfigurationError, match="notify_max_keys"):
+        WorkerSettings(notify_max_keys=-1).validate()
 
 
 def test_the_worker_command_notifies_other_processes(dsn: str, conn: Conn, pc: Counters) -> None:

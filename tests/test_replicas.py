@@ -20,7 +20,7 @@ from pgcounters.dberrors import translated
 from pgcounters.embedded import EmbeddedPostgres
 from pgcounters.errors import CounterBackfilling, ReplicaError, ReplicaNotCaughtUp
 from pgcounters.schema import install
-from pgcounters.specs import ColumnTarget, CounterSpec, NamedTarget
+from pgcounters.specs import Bucket, ColumnTarget, CounterSpec, NamedTarget
 from support import wait_for
 
 
@@ -529,3 +529,52 @@ def test_the_sqlalchemy_exact_on_the_standby_with_sync_and_async_engines(
     finally:
         primary.dispose()
         standby.dispose()
+
+
+def test_range_reads_on_the_standby_equal_the_primary_once_replayed(
+    primary: Conn, standby: Conn
+) -> None:
+    primary.execute(
+        "CREATE TABLE rep_visit (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " page_id bigint NOT NULL, at timestamptz NOT NULL)"
+    )
+    source = "public.rep_visit"
+    per_day = Bucket("at", "day", "Europe/Paris")
+    triggers.install(
+        primary,
+        [
+            CounterSpec(
+                name=name,
+                source=source,
+                keys=("page_id",),
+                target=NamedTarget(("bigint",)),
+                bucket=per_day,
+                mode=mode,  # type: ignore[arg-type]
+            )
+            for name, mode in (
+                ("rep.visits_per_day", "queued"),
+                ("rep.visits_unlogged", "unlogged"),
+            )
+        ],
+    )
+    noon = dt.datetime(2026, 11, 1, 11, tzinfo=dt.UTC)
+    rows = [(p, noon + dt.timedelta(days=d)) for p in (1, 2) for d in range(10) for _ in range(p)]
+    primary.cursor().executemany("INSERT INTO rep_visit (page_id, at) VALUES (%s, %s)", rows)
+    pc = Counters(primary)
+    pc.drain()  # stored, then more pending
+    primary.cursor().executemany("INSERT INTO rep_visit (page_id, at) VALUES (%s, %s)", rows[:5])
+    first, end = dt.date(2026, 11, 3), dt.date(2026, 11, 8)
+    sc = Counters(standby)
+    _replayed(pc, sc)
+    for page in (1, 2, 3):
+        on_primary = pc.get_series("rep.visits_per_day", page, first, end)
+        assert sc.get_series("rep.visits_per_day", page, first, end) == on_primary
+        total = sum(v for _, v in on_primary)
+        assert total == sum(1 for p, t in rows + rows[:5] if p == page and 3 <= t.day < 8)
+        assert sc.get_range("rep.visits_per_day", page, first, end) == total
+        assert pc.get_range("rep.visits_per_day", page, first, end) == total
+        assert pc.get_range("rep.visits_unlogged", page, first, end) == total
+    with pytest.raises(ReplicaError, match="unlogged"):
+        sc.get_range("rep.visits_unlogged", 1, first, end)
+    with pytest.raises(ReplicaError, match="unlogged"):
+        sc.get_series("rep.visits_unlogged", 1, first, end)

@@ -157,8 +157,9 @@ class BatchResult:
     """Deltas set aside in ``pgcounters.quarantine`` (they could not be applied)."""
     ahead: bool = False
     """With ``busy``: deltas queued before the ones left busy remain."""
-    changes: dict[str, set[Key]] | None = None
-    """With ``changes=True``: counter name -> the keys this batch changed."""
+    changes: notifications.Changes | None = None
+    """With ``changes=True``: counter name -> the keys this batch changed (None for a
+    counter of more than ``max_keys`` keys: many keys, not listed)."""
 
     @property
     def done(self) -> bool:
@@ -211,7 +212,7 @@ class _CounterPlans:
     def __init__(self, *, check_schema: bool) -> None:
         self._cache: dict[str, Counter] = {}
         # counters per period: the recorded definition of their periods, by name
-        self._buckets: dict[str, dict[str, Any]] = {}
+        self._buckets: dict[str, tuple[dict[str, Any], str]] = {}
         self._schema_checked = not check_schema
         self._direct_writes: bool | None = None
 
@@ -629,8 +630,8 @@ class _CounterPlans:
         counter's time zone): the last 7 days of a daily counter are
         ``(today - 6 days, today + 1 day)``. Periods no longer kept read 0.
         """
-        # the values of the periods, added here: as exact as their sum in SQL, and cheaper
-        return sum(v for _, v in (yield from self._range_rows(name, key, start, end)))
+        row: Row | None = yield from self._range_read(name, key, start, end, "range_sum", "one")
+        return 0 if row is None else int(row[0])
 
     def _get_series(
         self, name: str, key: object, start: dt.date, end: dt.date
@@ -641,45 +642,53 @@ class _CounterPlans:
         Each period is named by its start in the counter's time zone: a date for a
         day, week or month, an aware datetime for an hour.
         """
-        return (yield from self._range_rows(name, key, start, end))
+        found: tuple[list[Row], list[tuple[dt.date, str]]] = yield from self._range_read(
+            name, key, start, end, "range_values", "all"
+        )
+        rows, periods = found
+        values = {str(bucket): int(v) for bucket, v in rows}
+        return [(begins, values.get(text, 0)) for begins, text in periods]
 
-    def _range_rows(
-        self, name: str, key: object, start: dt.date, end: dt.date
-    ) -> Plan[list[tuple[dt.date, int]]]:
-        """The periods of a range and their exact values, from one statement: the keys
-        are made here from the counter's recorded periods (looked up once per client),
-        and the statement checks they are still the counter's."""
+    def _range_read(
+        self, name: str, key: object, start: dt.date, end: dt.date, statement: str, fetch: str
+    ) -> Plan[Any]:
+        """One range read of a counter per period: the key range of the periods from the
+        first to the last of ``[start, end)``, read by one static statement (one index
+        range scan of each table). The bounds are made here from the counter's recorded
+        periods (looked up once per client); the statement checks they still are its
+        periods (no row, or a NULL first column, when not: looked up again, once).
+        A series (``fetch="all"``) returns its rows and the periods to zero-fill."""
         counter = yield from self._integer(name)
         params = yield from self._range_params(name, key, start, end, counter=counter)
         for attempt in range(2):
-            bucket = self._buckets.get(name)
-            if bucket is None or attempt:
+            recorded = self._buckets.get(name)
+            if recorded is None or attempt:
                 row = yield Execute(query("bucket_of"), {"name": name}, "one", read=True)
                 found = row[0] if row else {}
                 # a connection may load jsonb as its text (Django's does)
-                bucket = self._buckets[name] = (
-                    json.loads(found) if isinstance(found, str | bytes) else dict(found)
-                )
+                loaded = json.loads(found) if isinstance(found, str | bytes) else dict(found)
+                recorded = self._buckets[name] = (loaded, json.dumps(loaded))
+            bucket, bucket_json = recorded
             period, zone = str(bucket.get("period")), str(bucket.get("time_zone"))
-            periods = self._periods(period, zone, start, end)
-            if not periods:
-                return []
-            params.update(
-                bucket=json.dumps(bucket),
-                period=period,
-                zone=zone,
-                keep=bucket.get("keep"),
-                buckets=[text for _, text in periods],
-                # the keys of the range lie between these (the key part of a period is of
-                # fixed width: the order of its text is the order of time)
-                low=[*params["key"], periods[0][1]],
-                high=[*params["key"], periods[-1][1]],
-                part=len(params["key"]) + 1,
-            )
-            statement = yield from self._read_query(counter, "get_series", "", True)
-            rows = yield Execute(query(statement), params, "all", read=True)
-            if rows:
-                return [(periods[i - 1][0], int(v)) for i, v in rows]
+            periods: list[tuple[dt.date, str]] = []
+            if fetch == "all":
+                periods = self._periods(period, zone, start, end)
+                bounds = (periods[0][1], periods[-1][1]) if periods else None
+            else:
+                bounds = _period_bounds(period, zone, start, end)
+            if bounds is None:
+                return ([], []) if fetch == "all" else None
+            params.update(bucket=bucket_json, first=bounds[0], last=bounds[1])
+            # refuses an unlogged counter's exact read on a hot standby, with the others'
+            yield from self._read_query(counter, statement, "", True)
+            if fetch == "all":
+                rows = yield Execute(query(statement), params, "all", read=True)
+                if not any(bucket_text is None for bucket_text, _ in rows):
+                    return rows, periods
+            else:
+                row = yield Execute(query(statement), params, "one", read=True)
+                if row is not None and row[0] is not None:
+                    return row
         raise InvalidCounterDefinition(f"counter {name} changed its periods while it was read")
 
     def _top_range(
@@ -865,7 +874,12 @@ class _CounterPlans:
         return batch.deltas, batch.keys
 
     def _drain_queue_batch(
-        self, batch_size: int, unlogged: bool, changes: bool = False, one_statement: bool = False
+        self,
+        batch_size: int,
+        unlogged: bool,
+        changes: bool = False,
+        one_statement: bool = False,
+        max_keys: int | None = notifications.MAX_KEYS,
     ) -> Plan[BatchResult]:
         """Apply one batch of at most ``batch_size`` deltas in its own transaction.
 
@@ -877,7 +891,9 @@ class _CounterPlans:
         each retry is a WARNING of the ``pgcounters.drain`` logger.
 
         ``changes``: also return which counters and keys the batch changed
-        (:mod:`pgcounters.notifications`; two more statements in the batch).
+        (:mod:`pgcounters.notifications`; two more statements in the batch); a counter
+        of more than ``max_keys`` keys is reported as None (many keys), its keys not
+        decoded (None: every key listed).
 
         ``one_statement`` (the worker's rounds): the session runs Read Committed by
         default, so on a connection in autocommit mode the batch is one statement, its
@@ -937,7 +953,7 @@ class _CounterPlans:
         for attempt in range(first, _DRAIN_RETRIES):
             try:
                 row, noted = yield Transaction(batch())
-                changed = notifications.decode_noted(noted) if changes else None
+                changed = notifications.decode_noted(noted, max_keys) if changes else None
                 assert row is not None
                 return BatchResult(
                     int(row[0]), int(row[1]), int(row[2]), int(row[3]), bool(row[4]), changed
@@ -1231,9 +1247,14 @@ class Counters(_CounterPlans):
         return self._run(self._drain_batch(batch_size, unlogged))
 
     def drain_queue_batch(
-        self, batch_size: int = 10_000, *, unlogged: bool = False, changes: bool = False
+        self,
+        batch_size: int = 10_000,
+        *,
+        unlogged: bool = False,
+        changes: bool = False,
+        max_keys: int | None = notifications.MAX_KEYS,
     ) -> BatchResult:
-        return self._run(self._drain_queue_batch(batch_size, unlogged, changes))
+        return self._run(self._drain_queue_batch(batch_size, unlogged, changes, max_keys=max_keys))
 
     def drain(
         self,
@@ -1405,9 +1426,16 @@ class AsyncCounters(_CounterPlans):
         return await self._run(self._drain_batch(batch_size, unlogged))
 
     async def drain_queue_batch(
-        self, batch_size: int = 10_000, *, unlogged: bool = False, changes: bool = False
+        self,
+        batch_size: int = 10_000,
+        *,
+        unlogged: bool = False,
+        changes: bool = False,
+        max_keys: int | None = notifications.MAX_KEYS,
     ) -> BatchResult:
-        return await self._run(self._drain_queue_batch(batch_size, unlogged, changes))
+        return await self._run(
+            self._drain_queue_batch(batch_size, unlogged, changes, max_keys=max_keys)
+        )
 
     async def drain(
         self,
@@ -1451,6 +1479,31 @@ def _instant(value: dt.date, zone: str) -> dt.datetime:
     if isinstance(value, dt.datetime):
         return value
     return dt.datetime.combine(value, dt.time(), _zone(zone))
+
+
+def _period_bounds(period: str, zone: str, start: dt.date, end: dt.date) -> tuple[str, str] | None:
+    """The key parts of the first and the last period that start in ``[start, end)``
+    (None when none does), refused as :func:`_day_periods` refuses a range. Days, weeks
+    and months between two dates are found without listing them."""
+    if period == "hour" or isinstance(start, dt.datetime) or isinstance(end, dt.datetime):
+        periods = _CounterPlans._periods(period, zone, start, end)
+        return (periods[0][1], periods[-1][1]) if periods else None
+    if start > end:
+        raise InvalidArgument(f"a range starts before it ends, got {start} to {end}")
+    if (end - start).days > MAX_PERIODS * {"week": 7, "month": 31}.get(period, 1):
+        raise InvalidArgument(f"a range spans at most {MAX_PERIODS} periods")
+    first, last = start, end - dt.timedelta(days=1) if end > dt.date.min else end
+    if period == "week":
+        if first.weekday():
+            first += dt.timedelta(days=7 - first.weekday())
+        last -= dt.timedelta(days=last.weekday())
+    elif period == "month":
+        if first.day != 1:
+            first = (first.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+        last = last.replace(day=1)
+    if first >= end or last < first:
+        return None
+    return first.isoformat(), last.isoformat()
 
 
 def _day_periods(period: str, start: dt.date, end: dt.date) -> list[tuple[dt.date, str]]:

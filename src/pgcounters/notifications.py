@@ -8,14 +8,18 @@ when nobody listens). After the commit the worker
 
 * calls ``on_change(changes)`` once per committed batch, ``changes`` mapping a
   counter name to the set of its keys the batch changed (keys as
-  :meth:`Counters.get` takes them, e.g. ``(42,)``); never for a batch that
-  rolled back; a callback that raises is logged and the worker goes on;
+  :meth:`Counters.get` takes them, e.g. ``(42,)``), or to None when it changed
+  more than ``notify_max_keys`` keys (:data:`MAX_KEYS` by default): "many keys",
+  the counter changed and its keys are not listed (a cache drops all of that
+  counter); never for a batch that rolled back; a callback that raises is logged
+  and the worker goes on;
 * with ``notify`` on, sends one ``NOTIFY`` on :data:`CHANNEL` for the batches
   committed since the last one, at most once per ``notify_interval`` seconds:
   a JSON object of counter name to a list of keys (each key a list of its
-  stored text parts, ``{"comments": [["42"], ["7"]]}``). A payload larger
-  than PostgreSQL allows names, for the counters with the most keys, ``"*"``:
-  everything of that counter changed (``{"*": "*"}``: everything changed).
+  stored text parts, ``{"comments": [["42"], ["7"]]}``). A counter of many
+  keys is named with ``"*"``: everything of that counter changed, as is, for
+  the counters with the most keys, a payload larger than PostgreSQL allows
+  (``{"*": "*"}``: everything changed).
 
 Delivery is at least once while the worker runs: a key may be reported by more
 than one batch, and a batch that is retried after an abort reports nothing until
@@ -35,7 +39,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
+from operator import itemgetter
 from typing import Any, TypeAlias
 
 from pgcounters.connection import Conn
@@ -54,8 +60,12 @@ MAX_PAYLOAD = 7999
 EVERYTHING = "*"
 """In a payload: every key of a counter (as its value) or every counter (as a name)."""
 
-Changes: TypeAlias = dict[str, set[Key]]
-"""Counter name -> the keys that changed."""
+MAX_KEYS = 1000
+"""The most keys of one counter a report lists (``notify_max_keys``): above, "many keys"."""
+
+Changes: TypeAlias = dict[str, set[Key] | None]
+"""Counter name -> the keys that changed, or None: many keys (more than the worker's
+``notify_max_keys``) changed, not listed; every cached value of that counter is stale."""
 
 ChangeCallback: TypeAlias = Callable[[Changes], object]
 
@@ -70,8 +80,9 @@ def statement(name: str) -> str:
     return _sql(name)
 
 
-def decode_noted(row: Any) -> Changes:
-    """The changes a ``noted_changes`` row holds: counter name -> decoded keys."""
+def decode_noted(row: Any, max_keys: int | None = MAX_KEYS) -> Changes:
+    """The changes a ``noted_changes`` row holds: counter name -> decoded keys, or None
+    for a counter with more than ``max_keys`` keys noted (their keys are not decoded)."""
     if row is None:
         return {}
     noted: list[tuple[str, list[str]]] = json.loads(row[0])
@@ -82,15 +93,26 @@ def decode_noted(row: Any) -> Changes:
     types: dict[str, list[KeyType]] = (
         json.loads(raw_types) if isinstance(raw_types, str) else raw_types or {}
     )
-    # the parts of each counter's keys first, then one decoding pass per counter
+    changes: Changes = {}
+    many: set[str] = set()
+    if max_keys is not None and len(noted) > max_keys:
+        # how many keys each counter noted, counted without a Python loop
+        tally = Counter(map(itemgetter(0), noted))
+        many = {c for c, n in tally.items() if n > max_keys}
+        for counter in many:
+            changes[counter] = None
+        if len(many) == len(tally):
+            return changes
+    # the parts of each listed counter's keys first, then one decoding pass per counter
     by_counter: dict[str, list[list[str]]] = {}
     for counter, parts in noted:
+        if counter in many:
+            continue
         found = by_counter.get(counter)
         if found is None:
             by_counter[counter] = [parts]
         else:
             found.append(parts)
-    changes: Changes = {}
     for counter, keys in by_counter.items():
         key_types = types.get(counter)
         if key_types == ["bigint"]:
@@ -98,6 +120,15 @@ def decode_noted(row: Any) -> Changes:
         else:
             decode = _decoder(key_types)
             changes[counter] = {decode(parts) for parts in keys}
+    return changes
+
+
+def capped(changes: Changes, max_keys: int | None) -> Changes:
+    """``changes`` with each counter of more than ``max_keys`` keys as None (many keys)."""
+    if max_keys is not None:
+        for counter, keys in changes.items():
+            if keys is not None and len(keys) > max_keys:
+                changes[counter] = None
     return changes
 
 
@@ -119,10 +150,22 @@ def _decoder(key_types: list[KeyType] | None) -> Callable[[list[str]], Key]:
     return decode
 
 
-def merge(into: Changes, more: Mapping[str, Iterable[Key]]) -> Changes:
-    """Add the keys of ``more`` to ``into``; return ``into``."""
+def merge(
+    into: Changes, more: Mapping[str, Iterable[Key] | None], max_keys: int | None = None
+) -> Changes:
+    """Add the keys of ``more`` to ``into`` (None, many keys, absorbs any keys); a counter
+    left with more than ``max_keys`` keys becomes None; return ``into``."""
     for counter, keys in more.items():
-        into.setdefault(counter, set()).update(keys)
+        if keys is None:
+            into[counter] = None
+            continue
+        if counter in into and into[counter] is None:
+            continue
+        found = into.setdefault(counter, set())
+        assert found is not None
+        found.update(keys)
+        if max_keys is not None and len(found) > max_keys:
+            into[counter] = None
     return into
 
 
@@ -130,15 +173,16 @@ def _text(part: object) -> str:
     return part if isinstance(part, str) else str(part)
 
 
-def payload(changes: Mapping[str, Collection[Key]], limit: int = MAX_PAYLOAD) -> str:
-    """The JSON payload of a notification, at most ``limit`` bytes: the counters with the
-    most keys become ``"*"`` (everything of that counter changed) until it fits, and
-    ``{"*": "*"}`` (everything changed) when even that does not fit."""
+def payload(changes: Mapping[str, Collection[Key] | None], limit: int = MAX_PAYLOAD) -> str:
+    """The JSON payload of a notification, at most ``limit`` bytes: a counter of many keys
+    (None) is ``"*"`` (everything of that counter changed), as are the counters with the
+    most keys until it fits, and ``{"*": "*"}`` (everything changed) when even that does
+    not fit."""
     body: dict[str, Any] = {}
     for counter, keys in sorted(changes.items()):
         # a key takes at least 6 bytes (["1"],): a counter with more keys than fit cannot
         # be listed, and is not serialised to find out
-        if len(keys) * 6 > limit:
+        if keys is None or len(keys) * 6 > limit:
             body[counter] = EVERYTHING
         else:
             body[counter] = sorted([_text(p) for p in key] for key in keys)
@@ -174,10 +218,18 @@ def parse_payload(text: str) -> dict[str, set[tuple[str, ...]] | None]:
 class Notifier:
     """Reports committed changes: the callback at once, the NOTIFY rate-limited."""
 
-    def __init__(self, on_change: ChangeCallback | None, *, notify: bool, interval: float) -> None:
+    def __init__(
+        self,
+        on_change: ChangeCallback | None,
+        *,
+        notify: bool,
+        interval: float,
+        max_keys: int | None = MAX_KEYS,
+    ) -> None:
         self.on_change = on_change
         self.notify = notify
         self.interval = interval
+        self.max_keys = max_keys
         self._pending: Changes = {}
         self._last_sent: float | None = None
         self.notifications = 0
@@ -199,7 +251,7 @@ class Notifier:
                 self.callback_errors += 1
                 logger.exception("the change callback failed (the worker goes on)")
         if self.notify:
-            merge(self._pending, changes)
+            merge(self._pending, changes, self.max_keys)
             self.flush(conn)
 
     def flush(self, conn: Conn, *, force: bool = False) -> bool:
@@ -233,29 +285,33 @@ def unlisten_direct(conn: Conn) -> int:
     return int(row[0]) if row else 0
 
 
-def take_direct(conn: Conn, limit: int = 1000) -> Changes:
+def take_direct(conn: Conn, limit: int = 1000, max_keys: int | None = MAX_KEYS) -> Changes:
     """Take (delete) at most ``limit`` noted statements of direct-mode counters whose
     transactions committed, and return their changes (counter name -> keys). The taking
     commits with the caller's transaction (at once on an autocommit connection): report
-    the changes after it."""
-    return take_direct_batch(conn, limit)[0]
+    the changes after it. A counter of more than ``max_keys`` keys is None (many keys)."""
+    return take_direct_batch(conn, limit, max_keys)[0]
 
 
-def take_direct_batch(conn: Conn, limit: int = 1000) -> tuple[Changes, int]:
+def take_direct_batch(
+    conn: Conn, limit: int = 1000, max_keys: int | None = MAX_KEYS
+) -> tuple[Changes, int]:
     """As :func:`take_direct`, with the number of noted statements taken: ``limit`` of
     them means more may be waiting (take again)."""
     rows = conn.execute(_sql("take_direct_changes"), {"limit": limit}).fetchall()
-    return _decode_taken(rows)
+    changes, taken = _decode_taken(rows)
+    return capped(changes, max_keys), taken
 
 
 def _decode_taken(rows: Iterable[Any]) -> tuple[Changes, int]:
     decoders: dict[str, Callable[[list[str]], Key]] = {}
-    changes: Changes = {}
+    listed: dict[str, set[Key]] = {}
     taken = 0
     for counter, parts, key_types, rows_taken in rows:
         taken = int(rows_taken)
         decode = decoders.get(counter)
         if decode is None:
             decode = decoders[counter] = _decoder(list(key_types))
-        changes.setdefault(counter, set()).add(decode(list(parts)))
+        listed.setdefault(counter, set()).add(decode(list(parts)))
+    changes: Changes = dict(listed)
     return changes, taken

@@ -52,7 +52,7 @@ from pgcounters.errors import (
     SchemaError,
     WorkerError,
 )
-from pgcounters.notifications import ChangeCallback, Notifier
+from pgcounters.notifications import MAX_KEYS, ChangeCallback, Notifier
 from pgcounters.sqlfiles import named
 
 logger = logging.getLogger("pgcounters.worker")
@@ -107,6 +107,11 @@ class WorkerSettings:
     notify_interval: float = 1.0
     """With ``notify``: at most one notification this often (the changes of the batches
     between are sent together); 0 = one after every batch that changed something."""
+    notify_max_keys: int = MAX_KEYS
+    """The most keys of one counter a report lists (the callback, the Django signal, the
+    ``NOTIFY``): a counter of more changed keys is reported without them, as "many keys"
+    (None in Python, ``"*"`` in a notification): a cache drops all of that counter. A
+    batch's keys beyond it are not decoded, nor serialised."""
     application_name: str = APPLICATION_NAME
 
     def validate(self) -> WorkerSettings:
@@ -137,6 +142,14 @@ class WorkerSettings:
         ):
             positive(name, getattr(self, name), allow_zero=True)
         positive("connect_timeout", self.connect_timeout)
+        if (
+            isinstance(self.notify_max_keys, bool)
+            or not isinstance(self.notify_max_keys, int)
+            or self.notify_max_keys < 0
+        ):
+            raise ConfigurationError(
+                f"notify_max_keys must be a non-negative integer, got {self.notify_max_keys!r}"
+            )
         if self.max_interval < self.min_interval:
             raise ConfigurationError(
                 f"max_interval ({self.max_interval}) is below min_interval ({self.min_interval})"
@@ -214,7 +227,10 @@ class Worker:
         if on_change is not None and not callable(on_change):
             raise ConfigurationError(f"on_change must be callable, got {on_change!r}")
         self._notifier = Notifier(
-            on_change, notify=self.settings.notify, interval=self.settings.notify_interval
+            on_change,
+            notify=self.settings.notify,
+            interval=self.settings.notify_interval,
+            max_keys=self.settings.notify_max_keys,
         )
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -480,7 +496,11 @@ class Worker:
                 continue
             batch = pc._run(
                 pc._drain_queue_batch(
-                    self._batch_size, unlogged, self._notifier.active, one_statement=True
+                    self._batch_size,
+                    unlogged,
+                    self._notifier.active,
+                    one_statement=True,
+                    max_keys=self.settings.notify_max_keys,
                 )
             )
             if batch.changes:
@@ -492,7 +512,9 @@ class Worker:
         if self._notifier.active and self._report_direct and not self._stop.is_set():
             # what direct-mode counters changed in transactions committed since; a full
             # take is a full round (the next one at once), as a full drain batch
-            direct, taken = notifications.take_direct_batch(conn, self._batch_size)
+            direct, taken = notifications.take_direct_batch(
+                conn, self._batch_size, self.settings.notify_max_keys
+            )
             if direct:
                 self._notifier.committed(conn, direct)
             full = full or taken >= self._batch_size
@@ -620,7 +642,9 @@ class Worker:
                 # everything committed so far, while writers keep noting (a bounded number
                 # of takes: what is noted after them goes with the last worker to stop)
                 for _ in range(STOP_TAKES):
-                    direct, taken = notifications.take_direct_batch(conn, self._batch_size)
+                    direct, taken = notifications.take_direct_batch(
+                        conn, self._batch_size, self.settings.notify_max_keys
+                    )
                     if direct:
                         self._notifier.committed(conn, direct)
                     if taken < self._batch_size:

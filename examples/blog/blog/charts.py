@@ -1,8 +1,8 @@
 """Comments per day: the series of one article and its chart, an SVG drawn here.
 
 :func:`comments_per_day` is the one place that reads the per-day counter
-(``blog.article.comments_per_day``, a named counter keyed by (article, date)):
-one exact read of every day of the range, in one statement, zero-filled.
+(``blog.article.comments_per_day``, a counter per period: the article's public comments
+per day): one exact read of the range (``get_series``, one statement), zero-filled.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ MARGIN = 28  # room for the axis labels
 def comments_per_day(article_id: int, *, until: dt.date, days: int) -> Series:
     """Public comments of the article on each of the ``days`` days ending with ``until``,
     oldest first; a day without comments is 0 (exact: stored values plus pending deltas)."""
-    span = [until - dt.timedelta(days=n) for n in range(days - 1, -1, -1)]
-    values = per_day.get_many([(article_id, day) for day in span])
-    return list(zip(span, values, strict=True))
+    first = until - dt.timedelta(days=days - 1)
+    return per_day.get_series(article_id, first, until + dt.timedelta(days=1))
 
 
 def svg_chart(series: Series, *, title: str) -> SafeString:

@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from pgcounters import Bucket
 from pgcounters.contrib.django import CountField, SumField, register_counter
 
 PUBLIC = Q(publish_status="public")
@@ -79,8 +80,12 @@ class Notification(models.Model):
 
 # a global counter: the number of users
 register_counter("blog.users.total", User)
-# public comments per article per day: a named counter keyed by (article, date), read as a
-# zero-filled series for the article's chart (blog.charts)
+# public comments per article per day: a counter per period (a time bucket of the comment's
+# day), read over a range as a zero-filled series for the article's chart (blog.charts)
 comments_per_day = register_counter(
-    "blog.article.comments_per_day", Comment, keys=("article", "created_on"), filter=PUBLIC
+    "blog.article.comments_per_day",
+    Comment,
+    keys=("article",),
+    filter=PUBLIC,
+    bucket=Bucket("created_on", "day", time_zone="UTC"),
 )

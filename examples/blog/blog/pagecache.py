@@ -12,7 +12,11 @@ counters, so it stores the stale page under the old version, which nobody reads 
 Invalidation comes from the counters: :func:`invalidate_changed` receives
 ``counters_changed`` (sent by ``manage.py pgcounters worker``, or by the worker ``runserver``
 runs in a thread) after each drain batch commits, and renews the version of every article
-whose counters the batch changed. A page is therefore never stale for longer than the batch
+whose counters the batch changed. A batch that changed many keys of a counter (more than
+the worker's ``notify_max_keys``) reports that counter without its keys: every page is
+made stale at once, by renewing a version all pages share (``article-version:*``).
+Another process may do the same from the ``NOTIFY`` the worker sends (``manage.py
+blog_listen``). A page is therefore never stale for longer than the batch
 that applies the change; ``BLOG_PAGE_CACHE_SECONDS`` bounds it in any case (a worker killed
 between its commit and its report reports nothing).
 
@@ -23,7 +27,7 @@ The receivers run in the worker's process: the cache must be shared by the proce
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -40,18 +44,24 @@ ARTICLE_COUNTERS: dict[str, Callable[[tuple[Any, ...]], int]] = {
 }
 
 
+ALL_PAGES = "article-version:*"
+"""The version every page shares: renewed when a counter changed too many keys to list."""
+
+
 def _version_key(article_id: int) -> str:
     return f"article-version:{article_id}"
 
 
 def version(article_id: int) -> str:
-    """The article's current page version (created on first use)."""
-    key = _version_key(article_id)
-    found = cache.get(key)
-    if found is None:
-        cache.add(key, uuid.uuid4().hex, timeout=None)
-        found = cache.get(key)
-    return str(found)
+    """The article's current page version (created on first use): its own and the one
+    every page shares."""
+    keys = [ALL_PAGES, _version_key(article_id)]
+    found = cache.get_many(keys)
+    for key in keys:
+        if key not in found:
+            cache.add(key, uuid.uuid4().hex, timeout=None)
+            found[key] = cache.get(key)
+    return f"{found[ALL_PAGES]}.{found[_version_key(article_id)]}"
 
 
 def page_key(article_id: int, current: str) -> str:
@@ -71,23 +81,33 @@ def cached_page(article_id: int, render: Callable[[], str]) -> tuple[str, bool]:
     return page, False
 
 
-def invalidate(article_ids: Iterable[int]) -> None:
-    """Renew the versions of these articles: their cached pages are never served again."""
+def invalidate(article_ids: Iterable[int] | None) -> None:
+    """Renew the versions of these articles (None: of every article): their cached pages
+    are never served again."""
+    if article_ids is None:
+        cache.set(ALL_PAGES, uuid.uuid4().hex, timeout=None)
+        return
     cache.set_many({_version_key(pk): uuid.uuid4().hex for pk in set(article_ids)}, timeout=None)
 
 
-def articles_changed(changes: Changes) -> set[int]:
-    """The articles whose page shows a counter the change set names."""
+def articles_changed(changes: Mapping[str, Iterable[tuple[Any, ...]] | None]) -> set[int] | None:
+    """The articles whose page shows a counter the change set names; None for every
+    article (a counter shown on the page changed too many keys to list them)."""
     out: set[int] = set()
     for counter, article_of in ARTICLE_COUNTERS.items():
-        out.update(article_of(key) for key in changes.get(counter, ()))
+        if counter not in changes:
+            continue
+        keys = changes[counter]
+        if keys is None:
+            return None
+        out.update(article_of(key) for key in keys)
     return out
 
 
 def invalidate_changed(sender: Any, changes: Changes, using: str, **kwargs: Any) -> None:
     """The receiver of ``counters_changed``: the pages of the articles the batch changed."""
     changed = articles_changed(changes)
-    if changed:
+    if changed is None or changed:
         invalidate(changed)
 
 

@@ -17,6 +17,7 @@ from pgcounters.cli.types import (
     positive_seconds,
 )
 from pgcounters.config import connect
+from pgcounters.notifications import MAX_KEYS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -144,6 +145,7 @@ def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
         log_every=args.log_every,
         notify=args.notify,
         notify_interval=args.notify_interval,
+        notify_max_keys=args.notify_max_keys,
     )
     worker = Worker(dsn, settings, on_change=getattr(args, "on_change", None))
     with GracefulSignals(worker.stop):
@@ -291,6 +293,10 @@ def configure_operations(sub: Any) -> None:
     p.add_argument(
         "--notify-interval", type=non_negative_seconds, default=1.0, metavar="S",
         help="at most one change notification every S seconds (0: one per batch)",
+    )  # fmt: skip
+    p.add_argument(
+        "--notify-max-keys", type=non_negative_int, default=MAX_KEYS, metavar="N",
+        help="report at most N changed keys of a counter; above, the counter as 'many keys'",
     )  # fmt: skip
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
 

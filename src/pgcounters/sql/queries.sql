@@ -563,76 +563,20 @@ SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a
 -- the decimal places of a counter's values (NULL: integer values)
 SELECT scale FROM pgcounters.targets WHERE name = %s;
 
--- name: get_series
--- the exact value of one key of a counter per period for each period given, in order
--- in one statement: one range scan of the counter's stored values and one of each
--- queue, between the first and the last key of the periods; the periods no longer kept
--- read 0; no row when the counter's periods are no longer those given (%(bucket)s, the
--- recorded definition the keys were made from); refused while it is backfilled
-WITH h AS (
-    SELECT CASE WHEN %(keep)s::integer IS NULL THEN '' ELSE
-                pgcounters.bucket_text(%(period)s, %(zone)s,
-                    pgcounters.bucket_horizon(%(period)s, %(zone)s, %(keep)s::integer)) END
-           AS first),
-held AS (
-    SELECT c.key, c.value AS v FROM pgcounters.counters AS c
-     WHERE c.target_id = %(t)s
-       AND c.key BETWEEN %(low)s::text[] AND %(high)s::text[]
-    UNION ALL
-    SELECT p.key::text[], p.delta FROM (
-                SELECT q.key, q.delta FROM pgcounters.queue AS q
-                 WHERE q.target_id = %(t)s AND q.key BETWEEN %(low)s::text[]::text AND %(high)s::text[]::text
-                UNION ALL
-                SELECT q.key, q.delta FROM pgcounters.queue_unlogged AS q
-                 WHERE q.target_id = %(t)s AND q.key BETWEEN %(low)s::text[]::text AND %(high)s::text[]::text) AS p),
-per AS (
-    SELECT held.key[%(part)s] AS bucket, sum(held.v) AS v FROM held
-     WHERE held.key[1:%(part)s - 1] = %(key)s::text[]
-     GROUP BY 1)
-SELECT k.i, CASE WHEN k.bucket COLLATE "C" < h.first COLLATE "C" THEN 0
-                 ELSE coalesce(per.v, 0) END::bigint
-  FROM unnest(%(buckets)s::text[]) WITH ORDINALITY AS k(bucket, i)
-  CROSS JOIN h LEFT JOIN per ON per.bucket = k.bucket
- WHERE (SELECT s.definition -> 'bucket' FROM pgcounters.specs AS s
-         WHERE s.name = %(name)s) = %(bucket)s::jsonb
-   AND (NOT EXISTS (SELECT 1 FROM pgcounters.backfills AS f
-                      JOIN pgcounters.targets AS g ON g.name = f.name WHERE g.id = %(t)s)
-        OR pgcounters._backfilling(%(t)s) IS NULL)
- ORDER BY k.i;
+-- name: range_sum
+-- the exact value of one key of a counter per period over a range of its periods, from
+-- the key parts of the first and the last period: one index range scan a table; NULL
+-- when the counter's periods are no longer %(bucket)s; refused while it is backfilled
+SELECT pgcounters._range_sum(%(t)s, %(name)s, %(bucket)s::jsonb, %(key)s::text[],
+                             %(first)s::text, %(last)s::text);
 
--- name: get_series_logged
--- get_series on a hot standby: the logged queue only
--- in one statement: one range scan of the counter's stored values and one of each
--- queue, between the first and the last key of the periods; the periods no longer kept
--- read 0; no row when the counter's periods are no longer those given (%(bucket)s, the
--- recorded definition the keys were made from); refused while it is backfilled
-WITH h AS (
-    SELECT CASE WHEN %(keep)s::integer IS NULL THEN '' ELSE
-                pgcounters.bucket_text(%(period)s, %(zone)s,
-                    pgcounters.bucket_horizon(%(period)s, %(zone)s, %(keep)s::integer)) END
-           AS first),
-held AS (
-    SELECT c.key, c.value AS v FROM pgcounters.counters AS c
-     WHERE c.target_id = %(t)s
-       AND c.key BETWEEN %(low)s::text[] AND %(high)s::text[]
-    UNION ALL
-    SELECT p.key::text[], p.delta FROM (
-                SELECT q.key, q.delta FROM pgcounters.queue AS q
-                 WHERE q.target_id = %(t)s AND q.key BETWEEN %(low)s::text[]::text AND %(high)s::text[]::text) AS p),
-per AS (
-    SELECT held.key[%(part)s] AS bucket, sum(held.v) AS v FROM held
-     WHERE held.key[1:%(part)s - 1] = %(key)s::text[]
-     GROUP BY 1)
-SELECT k.i, CASE WHEN k.bucket COLLATE "C" < h.first COLLATE "C" THEN 0
-                 ELSE coalesce(per.v, 0) END::bigint
-  FROM unnest(%(buckets)s::text[]) WITH ORDINALITY AS k(bucket, i)
-  CROSS JOIN h LEFT JOIN per ON per.bucket = k.bucket
- WHERE (SELECT s.definition -> 'bucket' FROM pgcounters.specs AS s
-         WHERE s.name = %(name)s) = %(bucket)s::jsonb
-   AND (NOT EXISTS (SELECT 1 FROM pgcounters.backfills AS f
-                      JOIN pgcounters.targets AS g ON g.name = f.name WHERE g.id = %(t)s)
-        OR pgcounters._backfilling(%(t)s) IS NULL)
- ORDER BY k.i;
+-- name: range_values
+-- the exact values of one key of a counter per period over a range of its periods: one
+-- row per period that has a value (key part, value); one row of NULLs when the
+-- counter's periods are no longer %(bucket)s; refused while it is backfilled
+SELECT bucket, value FROM pgcounters._range_values(%(t)s, %(name)s, %(bucket)s::jsonb,
+                                                   %(key)s::text[], %(first)s::text,
+                                                   %(last)s::text);
 
 -- name: top_range
 -- the n keys with the highest exact values of a counter per period over a range

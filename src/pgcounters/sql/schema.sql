@@ -3000,6 +3000,139 @@ BEGIN
 END;
 $$;
 
+-- The exact values of one key (p_key, without its period part) of a counter per period
+-- over a range of its periods, from the period whose key part is p_first to the one
+-- whose key part is p_last, stored + pending, one snapshot: one row per period that has
+-- a value (its key part, its value). Each table is read in one index range scan: a
+-- period's key part is of fixed width (digits and separators at the same places), so
+-- its order as text is the order of time under any collation, and the keys of one key's
+-- periods lie between the two keys of those periods. The queues keep a key as the text
+-- of its array, which may interleave with other keys' under a collation: those are left
+-- out by their head. Periods no longer kept are left out. One row of NULLs (and no
+-- other) when the counter's periods are no longer p_bucket (the recorded definition the
+-- key parts were made from). Refused while the counter is backfilled; on a hot standby the
+-- logged queue only (an unlogged counter is refused, PCR01). Planned once a session
+-- (generic plan): the statement is the same for every range.
+CREATE FUNCTION pgcounters._range_values(p_target integer, p_name text, p_bucket jsonb,
+    p_key text[], p_first text, p_last text)
+RETURNS TABLE (bucket text, value bigint)
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_def jsonb;
+    v_horizon text := '';
+    v_head text := rtrim((p_key || '{x}'::text[])::text, 'x}');
+    v_low text[] := p_key || p_first;
+    v_high text[] := p_key || p_last;
+    v_part integer := coalesce(array_length(p_key, 1), 0) + 1;
+BEGIN
+    SELECT s.definition -> 'bucket' INTO v_def FROM pgcounters.specs AS s
+     WHERE s.name = p_name;
+    IF v_def IS DISTINCT FROM p_bucket THEN
+        RETURN QUERY SELECT NULL::text, NULL::bigint;
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgcounters.backfills AS f WHERE f.name = p_name) THEN
+        PERFORM pgcounters._backfilling(p_target);
+    END IF;
+    IF v_def ->> 'keep' IS NOT NULL THEN
+        v_horizon := pgcounters.bucket_text(v_def ->> 'period', v_def ->> 'time_zone',
+                         pgcounters.bucket_horizon(v_def ->> 'period', v_def ->> 'time_zone',
+                                                   (v_def ->> 'keep')::integer));
+    END IF;
+    IF NOT pg_is_in_recovery() THEN
+        RETURN QUERY
+            SELECT u.b, sum(u.v)::bigint FROM (
+                SELECT c.key[v_part] AS b, c.value AS v FROM pgcounters.counters AS c
+                 WHERE c.target_id = p_target AND c.key BETWEEN v_low AND v_high
+                UNION ALL
+                SELECT (q.key::text[])[v_part], q.delta FROM pgcounters.queue AS q
+                 WHERE q.target_id = p_target AND q.key BETWEEN v_low::text AND v_high::text
+                   AND starts_with(q.key, v_head)
+                UNION ALL
+                SELECT (q.key::text[])[v_part], q.delta FROM pgcounters.queue_unlogged AS q
+                 WHERE q.target_id = p_target AND q.key BETWEEN v_low::text AND v_high::text
+                   AND starts_with(q.key, v_head)) AS u
+             WHERE u.b COLLATE "C" >= v_horizon COLLATE "C"
+             GROUP BY u.b;
+    ELSIF (SELECT t.mode FROM pgcounters.targets AS t WHERE t.id = p_target) = 'unlogged' THEN
+        RAISE EXCEPTION 'counter % is unlogged: its pending deltas exist only on the primary, '
+                        'read it there (its stored value is readable here)', p_name
+            USING ERRCODE = 'PCR01';
+    ELSE
+        RETURN QUERY
+            SELECT u.b, sum(u.v)::bigint FROM (
+                SELECT c.key[v_part] AS b, c.value AS v FROM pgcounters.counters AS c
+                 WHERE c.target_id = p_target AND c.key BETWEEN v_low AND v_high
+                UNION ALL
+                SELECT (q.key::text[])[v_part], q.delta FROM pgcounters.queue AS q
+                 WHERE q.target_id = p_target AND q.key BETWEEN v_low::text AND v_high::text
+                   AND starts_with(q.key, v_head)) AS u
+             WHERE u.b COLLATE "C" >= v_horizon COLLATE "C"
+             GROUP BY u.b;
+    END IF;
+END;
+$$;
+
+-- The exact value of one key of a counter per period over a range of its periods, read
+-- as _range_values reads (one index range scan of each table, one snapshot, planned once
+-- a session); NULL when the counter's periods are no longer p_bucket.
+CREATE FUNCTION pgcounters._range_sum(p_target integer, p_name text, p_bucket jsonb,
+    p_key text[], p_first text, p_last text)
+RETURNS bigint
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_def jsonb;
+    v_horizon text;
+    v_sum bigint;
+    v_low text[] := p_key || p_first;
+    v_high text[] := p_key || p_last;
+BEGIN
+    SELECT s.definition -> 'bucket' INTO v_def FROM pgcounters.specs AS s
+     WHERE s.name = p_name;
+    IF v_def IS DISTINCT FROM p_bucket THEN
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgcounters.backfills AS f WHERE f.name = p_name) THEN
+        PERFORM pgcounters._backfilling(p_target);
+    END IF;
+    IF v_def ->> 'keep' IS NOT NULL THEN
+        -- the periods no longer kept are left out: the range starts at the first kept
+        v_horizon := pgcounters.bucket_text(v_def ->> 'period', v_def ->> 'time_zone',
+                         pgcounters.bucket_horizon(v_def ->> 'period', v_def ->> 'time_zone',
+                                                   (v_def ->> 'keep')::integer));
+        IF v_horizon COLLATE "C" > p_first COLLATE "C" THEN
+            v_low := p_key || v_horizon;
+        END IF;
+    END IF;
+    IF NOT pg_is_in_recovery() THEN
+        SELECT coalesce((SELECT sum(c.value) FROM pgcounters.counters AS c
+                          WHERE c.target_id = p_target AND c.key BETWEEN v_low AND v_high), 0)
+             + coalesce((SELECT sum(q.delta) FROM pgcounters.queue AS q
+                          WHERE q.target_id = p_target
+                            AND q.key BETWEEN v_low::text AND v_high::text
+                            AND starts_with(q.key, rtrim((p_key || '{x}'::text[])::text, 'x}'))), 0)
+             + coalesce((SELECT sum(q.delta) FROM pgcounters.queue_unlogged AS q
+                          WHERE q.target_id = p_target
+                            AND q.key BETWEEN v_low::text AND v_high::text
+                            AND starts_with(q.key, rtrim((p_key || '{x}'::text[])::text, 'x}'))), 0)
+          INTO v_sum;
+    ELSIF (SELECT t.mode FROM pgcounters.targets AS t WHERE t.id = p_target) = 'unlogged' THEN
+        RAISE EXCEPTION 'counter % is unlogged: its pending deltas exist only on the primary, '
+                        'read it there (its stored value is readable here)', p_name
+            USING ERRCODE = 'PCR01';
+    ELSE
+        SELECT coalesce((SELECT sum(c.value) FROM pgcounters.counters AS c
+                          WHERE c.target_id = p_target AND c.key BETWEEN v_low AND v_high), 0)
+             + coalesce((SELECT sum(q.delta) FROM pgcounters.queue AS q
+                          WHERE q.target_id = p_target
+                            AND q.key BETWEEN v_low::text AND v_high::text
+                            AND starts_with(q.key, rtrim((p_key || '{x}'::text[])::text, 'x}'))), 0)
+          INTO v_sum;
+    END IF;
+    RETURN v_sum;
+END;
+$$;
+
 -- Retention: delete at most p_limit stored values of periods before the first one
 -- kept, of every counter that keeps a number of periods. Rows another transaction
 -- holds (a drain, a direct write) are skipped, never waited for: the next call takes
@@ -4093,7 +4226,9 @@ LANGUAGE sql AS $$
             ' pgcounters._exact_values(pgcounters.targets, text[]),'
             ' pgcounters.get_series(text, text[], timestamptz, timestamptz),'
             ' pgcounters.get_range(text, text[], timestamptz, timestamptz),'
-            ' pgcounters.top_range(text, timestamptz, timestamptz, bigint) TO %I'])
+            ' pgcounters.top_range(text, timestamptz, timestamptz, bigint),'
+            ' pgcounters._range_values(integer, text, jsonb, text[], text, text),'
+            ' pgcounters._range_sum(integer, text, jsonb, text[], text, text) TO %I'])
 $$;
 
 CREATE FUNCTION pgcounters._grant_worker_buckets(p_role text) RETURNS text[]

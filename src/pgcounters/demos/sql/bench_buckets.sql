@@ -26,3 +26,7 @@ SELECT count(*) FROM public.bench_range_comment
  WHERE article_id = %(article)s
    AND created_at >= %(first)s::timestamp AT TIME ZONE 'Europe/Paris'
    AND created_at < %(last)s::timestamp AT TIME ZONE 'Europe/Paris';
+
+-- name: analyze
+-- fresh statistics of the tables read, as autovacuum keeps them on a running database
+ANALYZE pgcounters.counters, pgcounters.queue, public.bench_range_comment;

@@ -5,5 +5,5 @@ from pgcounters.contrib.django.operations import ApplySchemaMigration
 
 class Migration(migrations.Migration):
     initial = False
-    dependencies = [("pgcounters", "0024_static_drain")]
+    dependencies = [("pgcounters", "0025_range_reads")]
     operations = [ApplySchemaMigration("0024_direct_notes")]
