@@ -43,6 +43,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgcounters.client import AsyncCounters, Counters, array_literal
 from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
+from pgcounters.schema import install
 from pgcounters.sqlfiles import query  # the library's own statement, as incr sends it
 
 COUNTER = "bench_async"
@@ -73,8 +74,9 @@ VARIANTS = (*(v for pair in PAIRS for v in pair), "sync-threads")
 
 
 def prepare(dsn: str) -> None:
-    """Declare the counter and empty its queue."""
+    """Install the schema (a fresh database), declare the counter and empty its queue."""
     with psycopg.connect(dsn, autocommit=True) as conn:
+        install(conn)
         pc = Counters(conn)
         pc.drop_counter(COUNTER)
         pc.create_counter(COUNTER, int)
