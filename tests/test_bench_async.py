@@ -46,3 +46,11 @@ def test_the_scenario_is_registered_and_reports_both_ratios(dsn: str) -> None:
     assert "cpu_us" in table
     assert "load1" in table
     assert "paired" in table
+
+
+def test_the_scenario_runs_alone_on_a_database_without_the_schema(empty_dsn: str) -> None:
+    """`pgcounters bench async` on a new embedded server: the scenario installs the schema."""
+    prepare(empty_dsn)
+    m = run_threads(empty_dsn, ROUNDS)
+    assert m.exact
+    assert m.operations == WORKERS * ROUNDS

@@ -20,3 +20,12 @@ def test_the_scenario_is_registered_and_reports_its_target(dsn: str) -> None:
     targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
     assert targets[("30-day range", "stored read (reference)")] == 0.5
     assert "| 30-day range | stored read (reference) |" in scenario.table()
+
+
+def test_the_scenario_runs_alone_on_a_database_without_the_schema(empty_dsn: str) -> None:
+    """`pgcounters bench range-read` on a new embedded server: the scenario installs the
+    schema."""
+    prepare(empty_dsn)
+    m = run_variant(empty_dsn, VARIANTS[0], 3)
+    assert m.exact
+    assert m.operations == 3

@@ -26,6 +26,7 @@ from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.demos import sqlfiles
 from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
+from pgcounters.schema import install
 from pgcounters.specs import Bucket, CounterSpec, NamedTarget
 
 ARTICLES = 200
@@ -66,6 +67,7 @@ def _specs() -> list[CounterSpec]:
 def prepare(dsn: str) -> None:
     """The table, its two counters, drained, and one comment a day of the range pending."""
     with connect(dsn) as conn:
+        install(conn)
         for name in (PER_DAY_COUNTER, PLAIN_COUNTER):
             triggers.uninstall(conn, name, drop_values=True)
         conn.execute(_q("drop_table"))
