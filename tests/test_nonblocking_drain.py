@@ -1,6 +1,7 @@
 """The drain beside application transactions: it never waits on a parent row an
-application holds, so it cannot be a party to a deadlock; deltas of a busy row stay
-queued (exact reads stay exact) and are applied once the row is free."""
+application holds (unless a session chooses the 1 ms attempt), so it cannot be a party
+to a deadlock; deltas of a busy row stay queued (exact reads stay exact) and are applied
+once the row is free."""
 
 from __future__ import annotations
 
@@ -30,14 +31,16 @@ def comments(conn: Conn) -> dict[int, int]:
     return dict(conn.execute("SELECT id, comments FROM blog_article ORDER BY id").fetchall())
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("mode", ["queued", "unlogged"])
 def test_a_drain_beside_an_application_locking_two_rows_in_any_order_never_deadlocks(
-    dsn: str, conn: Conn, pc: Counters, mode: Mode
+    dsn: str, conn: Conn, pc: Counters, mode: Mode, fast: bool
 ) -> None:
     """The application updates article 2, the drain applies deltas of 1 and 2, then the
     application updates article 1. The drain used to lock 1, wait for 2, and the
-    application's second UPDATE closed the cycle: DeadlockDetected. The drain's column
-    UPDATE waits at most 1 ms for article 2, then locks what is free."""
+    application's second UPDATE closed the cycle: DeadlockDetected. The drain locks what
+    is free without waiting; with pgcounters.fast_column_drain on, its column UPDATE waits
+    at most 1 ms for article 2, then locks what is free."""
     articles(conn, pc, mode)
     pc.incr("article.comments", 1)
     pc.incr("article.comments", 2)
@@ -48,6 +51,8 @@ def test_a_drain_beside_an_application_locking_two_rows_in_any_order_never_deadl
 
     def drain() -> None:
         with psycopg.connect(dsn, autocommit=True) as c:
+            if fast:
+                c.execute("SET pgcounters.fast_column_drain = on")
             try:
                 outcome.append(Counters(c).drain_queue_batch(100, unlogged=mode == "unlogged"))
             except psycopg.Error as exc:
@@ -71,6 +76,8 @@ def test_a_drain_beside_an_application_locking_two_rows_in_any_order_never_deadl
     batch = outcome[0]
     assert isinstance(batch, BatchResult)
     assert (batch.deltas + batch.busy, batch.keys, batch.quarantined) == (2, batch.deltas, 0)
+    if not fast:
+        assert (batch.deltas, batch.busy) == (1, 1)  # it waited for nothing
     assert deadlocks(conn) == before
     # the busy rows' deltas stayed queued: exact reads counted them all along
     assert pc.get("article.comments", 1) == 1
@@ -163,10 +170,16 @@ def writes(conn: Conn) -> list[tuple[int, str]]:
 def test_with_no_row_busy_the_column_deltas_are_one_update_that_waits_at_most_1ms(
     conn: Conn, pc: Counters
 ) -> None:
-    """The usual batch updates the parent rows in one statement under a lock_timeout of
-    1 ms (no separate locking pass); the caller's lock_timeout is back afterwards."""
+    """With pgcounters.fast_column_drain on, a batch updates the parent rows in one
+    statement under a lock_timeout of 1 ms (no separate locking pass); the caller's
+    lock_timeout is back afterwards. Off (the default), the rows are locked without
+    waiting first, under the caller's lock_timeout."""
     articles(conn, pc)
     log_lock_timeout(conn)
+    pc.incr("article.comments", 3)
+    assert pc.drain().deltas == 1
+    assert writes(conn) == [(3, "0")]  # the default: the locking statement
+    conn.execute("SET pgcounters.fast_column_drain = on")
     for key in (1, 2, 2, 5):
         pc.incr("article.comments", key)
     with conn.transaction():
@@ -177,7 +190,7 @@ def test_with_no_row_busy_the_column_deltas_are_one_update_that_waits_at_most_1m
         assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
     assert batch == (4, 3, 0)
     assert writes(conn) == [(1, "1ms"), (2, "1ms"), (5, "1ms")]
-    assert comments(conn) == {1: 1, 2: 2, 3: 0, 4: 0, 5: 1}
+    assert comments(conn) == {1: 1, 2: 2, 3: 1, 4: 0, 5: 1}
 
 
 def test_a_busy_row_sends_the_table_to_the_locking_statement_until_none_is_busy(
@@ -189,6 +202,7 @@ def test_a_busy_row_sends_the_table_to_the_locking_statement_until_none_is_busy(
     until one finds no row busy."""
     articles(conn, pc)
     log_lock_timeout(conn)
+    conn.execute("SET pgcounters.fast_column_drain = on")
     pc.incr("article.comments", 1)
     pc.incr("article.comments", 3)
     app = psycopg.connect(dsn)
@@ -225,6 +239,7 @@ def test_a_batch_of_more_than_20000_column_keys_locks_its_rows_first(
     articles(conn, pc)
     conn.execute("INSERT INTO blog_article (id) SELECT generate_series(6, 20001)")
     log_lock_timeout(conn)
+    conn.execute("SET pgcounters.fast_column_drain = on")
     conn.execute(
         "INSERT INTO pgcounters.queue (target_id, key, delta)"
         " SELECT t.id, ARRAY[g::text]::text, 1 FROM pgcounters.targets t,"

@@ -7,12 +7,15 @@
 -- lock_timeout of 1 ms; a row another transaction holds stops that UPDATE within
 -- 1 ms and it is rolled back (its row locks with it), and the counter then takes
 -- the statement of version 20, which puts busy rows' deltas back in the queue.
--- The attempt is made for batches of at most 20,000 column keys and while the
--- batch's parent rows were taken less than half the deadlock_timeout ago, so no
--- application waiting for one of them reaches its deadlock check during the 1 ms
--- wait: the drain is still never a party to a deadlock. A table found with busy
--- rows takes the locking statement directly in the session's next batches, until
--- one of them finds none busy.
+-- The attempt is made only in sessions that set pgcounters.fast_column_drain to
+-- on, for batches of at most 20,000 column keys and while the batch's parent rows
+-- were taken less than half the session's deadlock_timeout ago. An application
+-- session with a shorter deadlock_timeout, or an UPDATE slowed by the table's own
+-- triggers, can still have its deadlock check run during the 1 ms wait and be the
+-- one aborted: so the attempt is a choice, off by default, and without it the
+-- drain never waits for a row. A table found with busy rows takes the locking
+-- statement directly in the session's next batches, until one of them finds none
+-- busy.
 
 -- Apply the column part of a batch. For each counter (parent tables in name
 -- order, drainers taking turns on a table), one UPDATE adds the deltas summed per
@@ -21,10 +24,11 @@
 -- and the counter then takes the statement that locks the rows without waiting
 -- (in key order), updates the rows it locked, and puts the deltas of rows another
 -- transaction holds back into the queue (one delta per key, as old as its oldest).
--- The attempt is made for batches of at most 20,000 keys, while the batch's first
--- parent row was taken less than half the deadlock_timeout ago: an application
--- waiting for one of the batch's rows cannot reach its deadlock check during the
--- 1 ms wait, so the drain is never a party to a deadlock. A table found holding
+-- The attempt is made only when the session sets pgcounters.fast_column_drain to
+-- on, for batches of at most 20,000 keys, while the batch's first parent row was
+-- taken less than half the deadlock_timeout ago (an application with the same
+-- deadlock_timeout waiting for one of the batch's rows cannot reach its deadlock
+-- check during the 1 ms wait; one with a shorter one can). A table found holding
 -- busy rows goes straight to the locking statement in the session's next batches,
 -- until one of them finds no row busy. The deltas of rows that no longer exist are discarded. A data error (a
 -- sum out of range, a key that does not cast) aborts the statement: the batch
@@ -55,6 +59,7 @@ DECLARE
     -- reached its own deadlock check when the attempt waits
     v_entered timestamptz := clock_timestamp();
     v_budget interval := current_setting('deadlock_timeout')::interval / 2;
+    v_fast boolean := coalesce(current_setting('pgcounters.fast_column_drain', true), '') = 'on';
 BEGIN
     keys := 0;
     busy := 0;
@@ -76,7 +81,8 @@ BEGIN
         PERFORM pg_catalog.set_config('pgcounters.applying', 'on', true);
         v_busy := 0;
         v_first := NULL;
-        v_careful := v_table = ANY (v_held) OR cardinality(p_columns) > 20000
+        -- the attempt is chosen per session (see the comment above): off by default
+        v_careful := NOT v_fast OR v_table = ANY (v_held) OR cardinality(p_columns) > 20000
                      OR clock_timestamp() - v_entered > v_budget;
         IF NOT v_careful THEN
             BEGIN
