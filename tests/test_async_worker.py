@@ -11,7 +11,7 @@ import pytest
 from pgcounters import AsyncCounters, Counters
 from pgcounters.async_worker import AsyncWorker
 from pgcounters.connection import Conn
-from pgcounters.errors import ConnectionFailed, SchemaNotInstalled
+from pgcounters.errors import ConfigurationError, ConnectionFailed, SchemaNotInstalled
 from pgcounters.worker import WorkerSettings
 from support import queued
 
@@ -167,3 +167,11 @@ def test_stopping_a_lingering_worker_does_not_wait_for_the_linger(dsn: str, conn
         await asyncio.wait_for(worker.aclose(), timeout=30)
 
     asyncio.run(main())
+
+
+def test_a_worker_asked_to_report_changes_is_refused(dsn: str) -> None:
+    """The async worker reports no changes: asked to, it says so rather than leave
+    listeners waiting."""
+    with pytest.raises(ConfigurationError, match="does not report changes"):
+        AsyncWorker(dsn, WorkerSettings(notify=True))
+    assert AsyncWorker(dsn, WorkerSettings(notify=False)).settings.notify is False

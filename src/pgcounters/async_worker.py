@@ -31,6 +31,7 @@ from pgcounters import notifications, schema
 from pgcounters.client import _CounterPlans, record_retry_plan
 from pgcounters.config import connection_failed, redact
 from pgcounters.errors import (
+    ConfigurationError,
     ConnectionFailed,
     PermissionDenied,
     PgCountersError,
@@ -62,6 +63,12 @@ class AsyncWorker:
     def __init__(self, dsn: str, settings: WorkerSettings | None = None) -> None:
         # the sync worker keeps the settings, the counts and the decisions: one implementation
         self._core = Worker(dsn, settings)
+        if self._core.settings.notify:
+            # refused rather than ignored: listeners would wait for reports that never come
+            raise ConfigurationError(
+                "the async worker does not report changes (notify): run a Worker "
+                "(`pgcounters worker --notify`) beside it, or without notify"
+            )
         self.dsn = dsn
         self.settings = self._core.settings
         self._plans = _CounterPlans(check_schema=False)
