@@ -82,7 +82,8 @@ def statement(name: str) -> str:
 
 def decode_noted(row: Any, max_keys: int | None = MAX_KEYS) -> Changes:
     """The changes a ``noted_changes`` row holds: counter name -> decoded keys, or None
-    for a counter with more than ``max_keys`` keys noted (their keys are not decoded)."""
+    for a counter with more than ``max_keys`` keys noted (their keys are not decoded) or
+    noted by the drain as ``[name, null]`` (more keys than the batch's cap)."""
     if row is None:
         return {}
     noted: list[tuple[str, list[str] | None]] = json.loads(row[0])
