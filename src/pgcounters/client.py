@@ -923,7 +923,10 @@ class _CounterPlans:
             # updated since its snapshot, and may fail again on each retry
             yield Execute(query("drain_read_committed"))
             if changes:
-                yield Execute(notifications.statement("note_changes"))
+                yield Execute(
+                    notifications.statement("note_changes"),
+                    {"max_keys": "" if max_keys is None else str(max_keys)},
+                )
             row = yield from fetch_one(
                 query("drain_queue"), {"limit": batch_size, "unlogged": unlogged}
             )

@@ -82,10 +82,11 @@ def statement(name: str) -> str:
 
 def decode_noted(row: Any, max_keys: int | None = MAX_KEYS) -> Changes:
     """The changes a ``noted_changes`` row holds: counter name -> decoded keys, or None
-    for a counter with more than ``max_keys`` keys noted (their keys are not decoded)."""
+    for a counter with more than ``max_keys`` keys noted (their keys are not decoded) or
+    noted by the drain as ``[name, null]`` (more keys than the batch's cap)."""
     if row is None:
         return {}
-    noted: list[tuple[str, list[str]]] = json.loads(row[0])
+    noted: list[tuple[str, list[str] | None]] = json.loads(row[0])
     if not noted:
         return {}
     # a jsonb, parsed by psycopg; text on a connection that loads jsonb as text (Django's)
@@ -107,6 +108,12 @@ def decode_noted(row: Any, max_keys: int | None = MAX_KEYS) -> Changes:
     by_counter: dict[str, list[list[str]]] = {}
     for counter, parts in noted:
         if counter in many:
+            continue
+        if parts is None:
+            # noted by the drain as more keys than a batch lists
+            many.add(counter)
+            changes[counter] = None
+            by_counter.pop(counter, None)
             continue
         found = by_counter.get(counter)
         if found is None:

@@ -1,8 +1,10 @@
 -- Change notifications: which counters and keys a drain batch changed.
 
 -- name: note_changes
--- ask this transaction's drain batches to note the keys they change
-SELECT pg_catalog.set_config('pgcounters.note_changes', 'on', true);
+-- ask this transaction's drain batches to note the keys they change, at most max_keys of a
+-- counter (a counter of more is noted once as [name, null]; '' lists every key)
+SELECT pg_catalog.set_config('pgcounters.note_changes', 'on', true),
+       pg_catalog.set_config('pgcounters.note_max_keys', %(max_keys)s, true);
 
 -- name: noted_changes
 -- the keys the batches of this transaction changed (before it commits): the noted JSON

@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 26
+-- version: 27
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -1085,6 +1085,10 @@ DECLARE
     v_last_claimed bigint;
     -- a listener asked for the keys each batch changes (version 17)
     v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
+    -- the most keys of one counter a batch lists, if set (version 27)
+    v_cap bigint := CASE WHEN current_setting('pgcounters.note_max_keys', true) ~ '^[0-9]{1,18}$'
+                         THEN current_setting('pgcounters.note_max_keys', true)::bigint END;
+    v_crowded json;
     v_changes json;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
@@ -1125,6 +1129,11 @@ BEGIN
                        min(created_at) AS created_at, max(id) AS last_id
                   FROM claimed
                  GROUP BY target_id, claimed.key
+            ), crowded AS (
+                -- the counters with more keys than a batch lists: noted once, keys unlisted
+                SELECT summed.target_id FROM summed
+                 WHERE v_note AND v_cap IS NOT NULL AND summed.delta <> 0
+                 GROUP BY summed.target_id HAVING count(*) > v_cap
             ), named AS (
                 INSERT INTO pgcounters.counters AS k (target_id, key, value)
                 SELECT s.target_id, s.key, s.delta
@@ -1145,8 +1154,16 @@ BEGIN
                           <> coalesce(array_length(t.key_types, 1), 0)),
                    max(s.last_id),
                    json_agg(json_build_array(t.name, s.key))
-                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0)
-              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
+                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0
+                           AND (v_cap IS NULL
+                                OR s.target_id NOT IN (SELECT c.target_id FROM crowded AS c))),
+                   CASE WHEN v_cap IS NOT NULL THEN
+                       (SELECT json_agg(json_build_array(g.name, NULL))
+                          FROM crowded AS c
+                          JOIN pgcounters.targets AS g
+                            ON g.id = c.target_id AND g.target_table IS NULL) END
+              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes,
+                   v_crowded
               FROM summed s
               LEFT JOIN pgcounters.targets t ON t.id = s.target_id;
         ELSIF v_skip = '' AND NOT p_unlogged THEN
@@ -1160,6 +1177,11 @@ BEGIN
                        min(created_at) AS created_at, max(id) AS last_id
                   FROM claimed
                  GROUP BY target_id, claimed.key
+            ), crowded AS (
+                -- the counters with more keys than a batch lists: noted once, keys unlisted
+                SELECT summed.target_id FROM summed
+                 WHERE v_note AND v_cap IS NOT NULL AND summed.delta <> 0
+                 GROUP BY summed.target_id HAVING count(*) > v_cap
             ), named AS (
                 INSERT INTO pgcounters.counters AS k (target_id, key, value)
                 SELECT s.target_id, s.key, s.delta
@@ -1180,8 +1202,16 @@ BEGIN
                           <> coalesce(array_length(t.key_types, 1), 0)),
                    max(s.last_id),
                    json_agg(json_build_array(t.name, s.key))
-                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0)
-              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
+                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0
+                           AND (v_cap IS NULL
+                                OR s.target_id NOT IN (SELECT c.target_id FROM crowded AS c))),
+                   CASE WHEN v_cap IS NOT NULL THEN
+                       (SELECT json_agg(json_build_array(g.name, NULL))
+                          FROM crowded AS c
+                          JOIN pgcounters.targets AS g
+                            ON g.id = c.target_id AND g.target_table IS NULL) END
+              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes,
+                   v_crowded
               FROM summed s
               LEFT JOIN pgcounters.targets t ON t.id = s.target_id;
         ELSIF v_skip = '' AND v_sole THEN
@@ -1196,6 +1226,11 @@ BEGIN
                        min(created_at) AS created_at, max(id) AS last_id
                   FROM claimed
                  GROUP BY target_id, claimed.key
+            ), crowded AS (
+                -- the counters with more keys than a batch lists: noted once, keys unlisted
+                SELECT summed.target_id FROM summed
+                 WHERE v_note AND v_cap IS NOT NULL AND summed.delta <> 0
+                 GROUP BY summed.target_id HAVING count(*) > v_cap
             ), named AS (
                 INSERT INTO pgcounters.counters AS k (target_id, key, value)
                 SELECT s.target_id, s.key, s.delta
@@ -1216,8 +1251,16 @@ BEGIN
                           <> coalesce(array_length(t.key_types, 1), 0)),
                    max(s.last_id),
                    json_agg(json_build_array(t.name, s.key))
-                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0)
-              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
+                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0
+                           AND (v_cap IS NULL
+                                OR s.target_id NOT IN (SELECT c.target_id FROM crowded AS c))),
+                   CASE WHEN v_cap IS NOT NULL THEN
+                       (SELECT json_agg(json_build_array(g.name, NULL))
+                          FROM crowded AS c
+                          JOIN pgcounters.targets AS g
+                            ON g.id = c.target_id AND g.target_table IS NULL) END
+              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes,
+                   v_crowded
               FROM summed s
               LEFT JOIN pgcounters.targets t ON t.id = s.target_id;
         ELSIF v_skip = '' THEN
@@ -1231,6 +1274,11 @@ BEGIN
                        min(created_at) AS created_at, max(id) AS last_id
                   FROM claimed
                  GROUP BY target_id, claimed.key
+            ), crowded AS (
+                -- the counters with more keys than a batch lists: noted once, keys unlisted
+                SELECT summed.target_id FROM summed
+                 WHERE v_note AND v_cap IS NOT NULL AND summed.delta <> 0
+                 GROUP BY summed.target_id HAVING count(*) > v_cap
             ), named AS (
                 INSERT INTO pgcounters.counters AS k (target_id, key, value)
                 SELECT s.target_id, s.key, s.delta
@@ -1251,8 +1299,16 @@ BEGIN
                           <> coalesce(array_length(t.key_types, 1), 0)),
                    max(s.last_id),
                    json_agg(json_build_array(t.name, s.key))
-                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0)
-              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
+                       FILTER (WHERE v_note AND t.target_table IS NULL AND s.delta <> 0
+                           AND (v_cap IS NULL
+                                OR s.target_id NOT IN (SELECT c.target_id FROM crowded AS c))),
+                   CASE WHEN v_cap IS NOT NULL THEN
+                       (SELECT json_agg(json_build_array(g.name, NULL))
+                          FROM crowded AS c
+                          JOIN pgcounters.targets AS g
+                            ON g.id = c.target_id AND g.target_table IS NULL) END
+              INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes,
+                   v_crowded
               FROM summed s
               LEFT JOIN pgcounters.targets t ON t.id = s.target_id;
         ELSE
@@ -1268,6 +1324,11 @@ BEGIN
                            min(created_at) AS created_at, max(id) AS last_id
                       FROM claimed
                      GROUP BY target_id, claimed.key
+                ), crowded AS (
+                    -- the counters with more keys than a batch lists: noted once, keys unlisted
+                    SELECT summed.target_id FROM summed
+                     WHERE $3 AND $4 IS NOT NULL AND summed.delta <> 0
+                     GROUP BY summed.target_id HAVING count(*) > $4
                 ), named AS (
                     INSERT INTO pgcounters.counters AS k (target_id, key, value)
                     SELECT s.target_id, s.key, s.delta
@@ -1288,12 +1349,20 @@ BEGIN
                               <> coalesce(array_length(t.key_types, 1), 0)),
                        max(s.last_id),
                        json_agg(json_build_array(t.name, s.key))
-                           FILTER (WHERE $3 AND t.target_table IS NULL AND s.delta <> 0)
+                           FILTER (WHERE $3 AND t.target_table IS NULL AND s.delta <> 0
+                               AND ($4 IS NULL
+                                    OR s.target_id NOT IN (SELECT c.target_id FROM crowded AS c))),
+                       CASE WHEN $4 IS NOT NULL THEN
+                           (SELECT json_agg(json_build_array(g.name, NULL))
+                              FROM crowded AS c
+                              JOIN pgcounters.targets AS g
+                                ON g.id = c.target_id AND g.target_table IS NULL) END
                   FROM summed s
                   LEFT JOIN pgcounters.targets t ON t.id = s.target_id
             $q$, v_queue)
-            INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes
-            USING p_limit, v_broken, v_note;
+            INTO v_claimed, keys, v_columns, v_head, v_orphans, v_last_claimed, v_changes,
+                   v_crowded
+            USING p_limit, v_broken, v_note, v_cap;
         END IF;
         -- a range found empty while the queue was not: another drainer held it and
         -- took it; claim again from the new head (each round sees a newer snapshot)
@@ -1313,6 +1382,14 @@ BEGIN
                      THEN v_changes::text
                      ELSE left(current_setting('pgcounters.changes', true), -1) || ', '
                           || substr(v_changes::text, 2) END, true);
+        END IF;
+        IF v_crowded IS NOT NULL THEN
+            -- [name, null] for each counter of more keys than listed: "many keys"
+            PERFORM pg_catalog.set_config('pgcounters.changes',
+                CASE WHEN coalesce(current_setting('pgcounters.changes', true), '') IN ('', '[]')
+                     THEN v_crowded::text
+                     ELSE left(current_setting('pgcounters.changes', true), -1) || ', '
+                          || substr(v_crowded::text, 2) END, true);
         END IF;
         IF v_columns IS NOT NULL THEN
             SELECT d.keys, d.busy, d.first_requeued
@@ -1569,6 +1646,9 @@ DECLARE
     v_busy bigint;
     v_first bigint;
     v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
+    -- the most keys of one counter a batch lists, if set (version 27)
+    v_cap bigint := CASE WHEN current_setting('pgcounters.note_max_keys', true) ~ '^[0-9]{1,18}$'
+                         THEN current_setting('pgcounters.note_max_keys', true)::bigint END;
     v_changes json;
     v_lock_timeout text := current_setting('lock_timeout');
     -- tables whose last batch in this session found rows another transaction held
@@ -1623,14 +1703,17 @@ BEGIN
                         RETURNING x.%2$I AS key
                     )
                     SELECT count(*),
-                           json_agg(json_build_array($3::text, ARRAY[a.key::text]))
-                               FILTER (WHERE $4)
+                           CASE WHEN $4 AND count(*) > $5
+                                THEN json_build_array(json_build_array($3::text, NULL))
+                                ELSE json_agg(json_build_array($3::text, ARRAY[a.key::text]))
+                                         FILTER (WHERE $4 AND ($5 IS NULL
+                                             OR (SELECT count(*) FROM applied) <= $5)) END
                       FROM applied AS a
                     $q$,
                     t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column,
                     v_sum)
                 INTO v_applied, v_changes
-                USING p_columns, t.id, t.name, v_note;
+                USING p_columns, t.id, t.name, v_note, v_cap;
                 PERFORM pg_catalog.set_config('lock_timeout', v_lock_timeout, true);
             EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
                 -- the rollback of the block restored lock_timeout
@@ -1669,13 +1752,17 @@ BEGIN
                 SELECT (SELECT count(*) FROM applied),
                        (SELECT coalesce(sum(h.n), 0) FROM held AS h)::bigint,
                        (SELECT min(b.id) FROM back AS b),
-                       (SELECT json_agg(json_build_array($3::text, ARRAY[l.key::text]))
+                       (SELECT CASE WHEN count(*) > $5
+                                    THEN json_build_array(json_build_array($3::text, NULL))
+                                    ELSE json_agg(json_build_array($3::text, ARRAY[l.key::text]))
+                                             FILTER (WHERE $5 IS NULL
+                                                 OR (SELECT count(*) FROM locked) <= $5) END
                           FROM locked AS l WHERE $4)
                 $q$,
                 t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column, v_queue,
                 v_sum)
             INTO v_applied, v_busy, v_first, v_changes
-            USING p_columns, t.id, t.name, v_note;
+            USING p_columns, t.id, t.name, v_note, v_cap;
             v_held := array_remove(v_held, v_table);
             IF v_busy > 0 THEN
                 v_held := v_held || v_table;
