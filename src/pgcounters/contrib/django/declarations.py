@@ -465,6 +465,26 @@ def _relation_path(field: CounterColumn) -> _Path | None:
     return _Path(spec, counted)
 
 
+def _link(
+    rel: models.ManyToManyField[Any, Any] | models.ManyToManyRel, what: str
+) -> tuple[type[models.Model], str, str]:
+    """A many-to-many relation seen from the side it was reached from: its through model
+    and the names of the through model's foreign keys to this side and to the other side.
+    A relation of a model with itself is refused (``what`` names the counter)."""
+    forward = rel if isinstance(rel, models.ManyToManyField) else rel.field
+    assert isinstance(forward, models.ManyToManyField)
+    through = forward.remote_field.through
+    assert isinstance(through, type)
+    names = (forward.m2m_field_name(), forward.m2m_reverse_field_name())
+    mine, theirs = names if isinstance(rel, models.ManyToManyField) else names[::-1]
+    if forward.remote_field.model in (forward.model, "self"):
+        raise InvalidCounterDefinition(
+            f"{what}: a many-to-many relation of a model with itself cannot be counted "
+            "(both sides are the same table)"
+        )
+    return through, mine, theirs
+
+
 def _through_step(
     field: CounterColumn,
     rel: models.ManyToManyField[Any, Any] | models.ManyToManyRel,
@@ -475,22 +495,12 @@ def _through_step(
     are counted. A sum is refused: the through model has nothing to sum, and the other
     side's fields are not on the path (nor its rows' changes counted)."""
     what = f"{field.model.__name__}.{field.name}"
-    forward = rel if isinstance(rel, models.ManyToManyField) else rel.field
-    assert isinstance(forward, models.ManyToManyField)
-    through = forward.remote_field.through
-    assert isinstance(through, type)
-    if forward.remote_field.model in (forward.model, "self"):
-        raise InvalidCounterDefinition(
-            f"{what}: a many-to-many relation of a model with itself cannot be counted "
-            "(both sides are the same table)"
-        )
+    through, mine, _ = _link(rel, what)
     if field.counter_sum is not None:
         raise InvalidCounterDefinition(
             f"{what}: a path that ends with a many-to-many relation ({relation!r}) counts its "
             "links; it sums nothing (the other side's rows are not on the path)"
         )
-    names = (forward.m2m_field_name(), forward.m2m_reverse_field_name())
-    mine = names[0] if isinstance(rel, models.ManyToManyField) else names[1]
     own_fk = through._meta.get_field(mine)
     assert isinstance(own_fk, models.ForeignKey)
     return own_fk, through
@@ -507,10 +517,8 @@ def through_lookups(model: type[models.Model], relation: str) -> tuple[str, str]
     for part in parts:
         rel = current._meta.get_field(part)
         if isinstance(rel, models.ManyToManyField | models.ManyToManyRel):
-            forward = rel if isinstance(rel, models.ManyToManyField) else rel.field
-            assert isinstance(forward, models.ManyToManyField)
-            names = (forward.m2m_field_name(), forward.m2m_reverse_field_name())
-            return names if isinstance(rel, models.ManyToManyField) else (names[1], names[0])
+            _, mine, theirs = _link(rel, f"{model.__name__} {relation!r}")
+            return mine, theirs
         related = rel.related_model
         assert isinstance(related, type)
         current = related
@@ -524,18 +532,8 @@ def _many_to_many(
     through the other side's table, the filter being on the other side's fields."""
     model = field.model
     what = f"{model.__name__}.{field.name}"
-    forward = rel if isinstance(rel, models.ManyToManyField) else rel.field
-    assert isinstance(forward, models.ManyToManyField)
-    through = forward.remote_field.through
-    assert isinstance(through, type)
-    if forward.remote_field.model in (forward.model, "self"):
-        raise InvalidCounterDefinition(
-            f"{what}: a many-to-many relation of a model with itself cannot be counted "
-            "(both sides are the same table)"
-        )
     # the through table's foreign keys to this model and to the other side
-    names = (forward.m2m_field_name(), forward.m2m_reverse_field_name())
-    mine, theirs = names if isinstance(rel, models.ManyToManyField) else names[::-1]
+    through, mine, theirs = _link(rel, what)
     own_fk = through._meta.get_field(mine)
     other_fk = through._meta.get_field(theirs)
     assert isinstance(own_fk, models.ForeignKey)
