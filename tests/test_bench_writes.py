@@ -24,6 +24,9 @@ def test_the_sql_increment_scenario_counts_every_increment(dsn: str) -> None:
     assert targets[("incr queued", "INSERT queued")] == 0.95
     assert targets[("incr unlogged", "INSERT unlogged")] == 0.95
     assert "| incr queued | INSERT queued |" in scenario.table()
+    # the call alone, measured in the same run, beside the INSERT and the increment
+    assert ("function INSERT unlogged", "INSERT unlogged") in targets
+    assert ("incr unlogged", "function INSERT unlogged") in targets
 
 
 def test_the_counters_per_table_scenario_checks_every_delta(dsn: str) -> None:
@@ -32,12 +35,14 @@ def test_the_counters_per_table_scenario_checks_every_delta(dsn: str) -> None:
     scenario = SCENARIOS["counters-per-table"](dsn, 1, True)
     expected = {f"{shape} {n}{suffix}" for n in width.WIDTHS for shape, suffix in
                 (("single-row", ""), ("single-row", " async"), ("bulk", ""))}  # fmt: skip
+    expected |= {f"single-row {n} floor{suffix}" for n in width.FLOORS for suffix in ("", " async")}
     assert set(scenario.runs) == expected
     assert all(m.exact for runs in scenario.runs.values() for m in runs)
     targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
     assert targets[("single-row 1", "single-row 0")] == 0.85
     assert targets[("single-row 5", "single-row 0")] == 0.7
     assert targets[("bulk 2", "bulk 0")] == 0.8
+    assert ("single-row 5", "single-row 5 floor") in targets
 
 
 def test_a_lost_delta_is_not_exact(conn: Conn) -> None:
@@ -55,6 +60,24 @@ def test_a_lost_delta_is_not_exact(conn: Conn) -> None:
         assert not width.exact(conn, 5, 2, single_row=False)
     finally:
         width.cleanup(conn)
+
+
+def test_the_floor_counts_each_single_row_statement_once_per_counter(conn: Conn) -> None:
+    from pgcounters.demos.bench import width
+
+    width.prepare(conn)
+    try:
+        conn.execute("INSERT INTO bench_width.f5 (a, b, c) VALUES (1, 2, 3)")
+        conn.execute("INSERT INTO bench_width.f5 (a, b, c) VALUES (4, 5, 6)")
+        assert width.exact(conn, 5, 2, single_row=True, floor=True)
+        assert not width.exact(conn, 5, 3, single_row=True, floor=True)
+        width._empty(conn, 5, floor=True)
+        assert width.exact(conn, 5, 0, single_row=True, floor=True)
+    finally:
+        width.cleanup(conn)
+    assert not conn.execute(
+        "SELECT 1 FROM pgcounters.targets WHERE name LIKE 'bench.width.%'"
+    ).fetchall()
 
 
 def test_the_worker_cost_run_measures_cpu_lag_and_counts_every_increment(dsn: str) -> None:

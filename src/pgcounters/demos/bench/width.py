@@ -4,11 +4,16 @@ One table (``bench_width.t<N>``) with N = 0, 1, 2, 5 and 10 declared counters (q
 keyed by one of three integer columns), written two ways:
 
 * ``single-row N``: pgbench, 4 client processes, one single-row INSERT a transaction
-  (2,000 each; 500 with ``--quick``), the database's default durability;
+  (10,000 each; 500 with ``--quick``), the database's default durability;
 * ``single-row N async``: the same with ``synchronous_commit = off``: a COMMIT does not
   wait for the disk, so the rate shows the CPU each counter costs (on a machine whose
   disk makes every COMMIT slow, the default durability hides it);
-* ``bulk N``: one ``INSERT ... SELECT`` of 100k rows (20k with ``--quick``) and its COMMIT.
+* ``bulk N``: one ``INSERT ... SELECT`` of 100k rows (20k with ``--quick``) and its COMMIT;
+* ``single-row N floor`` (N = 1 and 5, both durabilities): the same single-row INSERTs into
+  a table whose N statement triggers each queue one constant row for a counter whose id
+  they are given: what N queued counters must add at the least (a trigger fired and a
+  queue row written each), with no pause check, no lookup of the counter and no reading
+  of the transition table.
 
 Targets: single-row with 1 counter >= 0.85x the rate with none, with 5 >= 0.7x; bulk
 with 2 counters costs at most 1.25x the insert with none (ratio >= 0.8). Each run starts
@@ -23,6 +28,7 @@ import time
 from psycopg import sql
 
 from pgcounters import triggers
+from pgcounters.client import Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
 from pgcounters.demos import sqlfiles
@@ -33,16 +39,23 @@ from pgcounters.specs import CounterSpec, NamedTarget, Table
 
 SCHEMA = "bench_width"
 WIDTHS = (0, 1, 2, 5, 10)
+FLOORS = (1, 5)
 CLIENTS = 4
 COMPARISONS: tuple[Comparison, ...] = (
     ("single-row 1", "single-row 0", 0.85),
     ("single-row 2", "single-row 0", None),
     ("single-row 5", "single-row 0", 0.7),
     ("single-row 10", "single-row 0", None),
+    ("single-row 1 floor", "single-row 0", None),
+    ("single-row 5 floor", "single-row 0", None),
+    ("single-row 1", "single-row 1 floor", None),
+    ("single-row 5", "single-row 5 floor", None),
     ("single-row 1 async", "single-row 0 async", None),
     ("single-row 2 async", "single-row 0 async", None),
     ("single-row 5 async", "single-row 0 async", None),
     ("single-row 10 async", "single-row 0 async", None),
+    ("single-row 1 floor async", "single-row 0 async", None),
+    ("single-row 5 floor async", "single-row 0 async", None),
     ("bulk 1", "bulk 0", None),
     # "at most 1.25x the insert with no counters": time ratio >= 1 / 1.25
     ("bulk 2", "bulk 0", 0.8),
@@ -56,8 +69,12 @@ def _q(name: str, table: str) -> sql.Composed:
     return sql.SQL(text).format(table=sql.Identifier(SCHEMA, table))
 
 
-def names(width: int) -> list[str]:
-    return [f"bench.width.t{width}.c{i}" for i in range(width)]
+def _table(width: int, floor: bool) -> str:
+    return f"f{width}" if floor else f"t{width}"
+
+
+def names(width: int, *, floor: bool = False) -> list[str]:
+    return [f"bench.width.{_table(width, floor)}.c{i}" for i in range(width)]
 
 
 def specs(width: int) -> list[CounterSpec]:
@@ -76,6 +93,10 @@ def cleanup(conn: Conn) -> None:
     for width in WIDTHS:
         for name in names(width):
             triggers.uninstall(conn, name, drop_values=True)
+    pc = Counters(conn)
+    for width in FLOORS:
+        for name in names(width, floor=True):
+            pc.drop_counter(name)
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 
 
@@ -86,17 +107,37 @@ def prepare(conn: Conn) -> None:
     for width in WIDTHS:
         conn.execute(_q("width_table", f"t{width}"))
         triggers.install(conn, specs(width))
+    blocks = sqlfiles.named("bench_writes.sql")
+    conn.execute(sql.SQL(blocks["floor_function"]).format(schema=sql.Identifier(SCHEMA)))
+    pc = Counters(conn)
+    for width in FLOORS:
+        conn.execute(_q("width_table", _table(width, True)))
+        for i, name in enumerate(names(width, floor=True)):
+            counter = pc.create_counter(name, key=int)
+            conn.execute(
+                sql.SQL(blocks["floor_trigger"]).format(
+                    trigger=sql.Identifier(f"floor_{i}"),
+                    table=sql.Identifier(SCHEMA, _table(width, True)),
+                    function=sql.Identifier(SCHEMA, "floor_row"),
+                    target=sql.Literal(str(counter.id)),
+                )
+            )
 
 
-def _empty(conn: Conn, width: int) -> None:
+def _empty(conn: Conn, width: int, *, floor: bool = False) -> None:
     # TRUNCATE fires each counter's own reset: the queue and the stored values are empty
-    conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(SCHEMA, f"t{width}")))
+    conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(SCHEMA, _table(width, floor))))
+    if floor:  # the floor's triggers know no TRUNCATE: its counters' deltas go here
+        conn.execute(
+            sqlfiles.named("bench_writes.sql")["floor_empty"], {"names": names(width, floor=True)}
+        )
 
 
-def exact(conn: Conn, width: int, rows: int, *, single_row: bool) -> bool:
+def exact(conn: Conn, width: int, rows: int, *, single_row: bool, floor: bool = False) -> bool:
     """Every counter of the table queued deltas summing to ``rows`` (one a row: single-row)."""
     found = conn.execute(
-        sqlfiles.named("bench_writes.sql")["width_queued"], {"names": names(width)}
+        sqlfiles.named("bench_writes.sql")["width_queued"],
+        {"names": names(width, floor=floor)},
     ).fetchall()
     if len(found) != width:
         return False
@@ -104,10 +145,17 @@ def exact(conn: Conn, width: int, rows: int, *, single_row: bool) -> bool:
 
 
 def _single_row(
-    binary: str, dsn: str, conn: Conn, width: int, per_client: int, *, asynchronous: bool
+    binary: str,
+    dsn: str,
+    conn: Conn,
+    width: int,
+    per_client: int,
+    *,
+    asynchronous: bool,
+    floor: bool = False,
 ) -> Measurement:
-    _empty(conn, width)
-    script = _q("pgbench_single_row", f"t{width}").as_string(conn) + ";\n"
+    _empty(conn, width, floor=floor)
+    script = _q("pgbench_single_row", _table(width, floor)).as_string(conn) + ";\n"
     result = pgbench.run(
         binary,
         dsn,
@@ -117,7 +165,7 @@ def _single_row(
         options="-c synchronous_commit=off" if asynchronous else None,
     )
     ok = result.transactions == CLIENTS * per_client and exact(
-        conn, width, result.transactions, single_row=True
+        conn, width, result.transactions, single_row=True, floor=floor
     )
     return Measurement(result.seconds, result.transactions, ok)
 
@@ -133,7 +181,7 @@ def _bulk(dsn: str, conn: Conn, width: int, rows: int) -> Measurement:
 
 
 def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
-    per_client, rows = (500, 20_000) if quick else (2_000, 100_000)
+    per_client, rows = (500, 20_000) if quick else (10_000, 100_000)
     scenario = Scenario(
         "counters-per-table",
         f"One table with 0, 1, 2, 5 or 10 declared counters (queued): single-row INSERTs, "
@@ -141,7 +189,9 @@ def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
         f"bulk INSERT ... SELECT of {rows:,} rows; single-row again with synchronous_commit "
         "off (async: the CPU each counter costs, the disk's wait left out). Targets: "
         "single-row with 1 counter >= 0.85x the rate with none, with 5 >= 0.7x; bulk with "
-        "2 counters at most 1.25x the time with none.",
+        "2 counters at most 1.25x the time with none. Beside them, the floor of 1 and 5 "
+        "queued counters: triggers that each queue one constant row, their counter's id "
+        "given (the least a queued counter adds to a single-row statement).",
         unit="rows",
     )
     binary = pgbench.find()
@@ -159,6 +209,19 @@ def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
                         )
                         suffix = " async" if asynchronous else ""
                         scenario.add(f"single-row {width}{suffix}", m)
+                    for width in FLOORS:
+                        assert binary is not None
+                        m = _single_row(
+                            binary,
+                            dsn,
+                            conn,
+                            width,
+                            per_client,
+                            asynchronous=asynchronous,
+                            floor=True,
+                        )
+                        suffix = " async" if asynchronous else ""
+                        scenario.add(f"single-row {width} floor{suffix}", m)
                 for width in WIDTHS:
                     scenario.add(f"bulk {width}", _bulk(dsn, conn, width, rows))
         finally:

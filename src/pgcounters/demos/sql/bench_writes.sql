@@ -31,6 +31,36 @@ INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (:unlogged,
 \set k random(0, 9)
 SELECT pgcounters.incr('bench.unlogged', ARRAY[:k::text], 1);
 
+-- name: enqueue_function
+-- The least an SQL function that queues an increment costs: a PL/pgSQL function that
+-- performs only the INSERT pgcounters.incr performs, the counter's id given (no lookup
+-- by name, no check of the key).
+CREATE OR REPLACE FUNCTION bench_enqueue(p_target integer, p_key text[], p_delta bigint,
+                                         p_unlogged boolean)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_unlogged THEN
+        INSERT INTO pgcounters.queue_unlogged (target_id, key, delta)
+        VALUES (p_target, p_key, p_delta);
+    ELSE
+        INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (p_target, p_key, p_delta);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- name: drop_enqueue_function
+DROP FUNCTION IF EXISTS bench_enqueue(integer, text[], bigint, boolean);
+
+-- name: pgbench_function_insert_queued
+\set k random(0, 9)
+SELECT bench_enqueue(:queued, ARRAY[:k::text], 1, false);
+
+-- name: pgbench_function_insert_unlogged
+\set k random(0, 9)
+SELECT bench_enqueue(:unlogged, ARRAY[:k::text], 1, true);
+
 -- name: reset_increments
 TRUNCATE reference_queue, reference_queue_unlogged, pgcounters.queue, pgcounters.queue_unlogged;
 UPDATE reference_counters SET current_value = 0;
@@ -59,6 +89,27 @@ CREATE TABLE {table} (
 \set b random(1, 1000)
 \set c random(1, 100)
 INSERT INTO {table} (a, b, c) VALUES (:a, :b, :c);
+
+-- name: floor_function
+-- The least a queued counter can add to a single-row statement: a statement trigger (with
+-- a transition table, as each counter's) that queues one constant row for its counter,
+-- whose id it is given. Right for single-row statements only (one delta of +1 each).
+CREATE FUNCTION {schema}.floor_row() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (TG_ARGV[0]::integer, '{{1}}', 1);
+    RETURN NULL;
+END;
+$$;
+
+-- name: floor_trigger
+CREATE TRIGGER {trigger} AFTER INSERT ON {table} REFERENCING NEW TABLE AS pgc_new
+FOR EACH STATEMENT EXECUTE FUNCTION {function}({target});
+
+-- name: floor_empty
+-- The deltas queued by the floor's triggers (counters named in %(names)s).
+DELETE FROM pgcounters.queue
+ WHERE target_id IN (SELECT id FROM pgcounters.targets WHERE name = ANY (%(names)s::text[]));
 
 -- name: width_bulk
 INSERT INTO {table} (a, b, c)
