@@ -132,6 +132,27 @@ def test_increments_through_the_sql_interface_are_reported(conn: Conn, pc: Count
     assert take_direct(conn) == {"likes": {(1, "a"), (3, "c"), (4, "d")}}
 
 
+def test_sql_increments_of_a_direct_counter_column_are_reported(
+    dsn: str, blog: Conn, pc: Counters
+) -> None:
+    listen_direct(blog)
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SELECT pgcounters.incr('article.comments', ARRAY['2'], 1)")
+        other.execute("SELECT pgcounters.incr('article.comments', ARRAY['3'], 0)")  # no change
+        other.execute("SELECT pgcounters.incr('article.comments', ARRAY['99'], 1)")  # no row
+        with other.transaction():
+            other.execute("SELECT pgcounters.incr('article.comments', ARRAY['4'], 2)")
+            other.execute("SELECT pgcounters.incr('article.comments', ARRAY['04'], -2)")
+        other.execute("BEGIN")
+        other.execute("SELECT pgcounters.incr('article.comments', ARRAY['5'], 1)")
+        other.execute("ROLLBACK")  # rolled back: never reported
+    assert _notes(blog) == 3
+    assert take_direct(blog) == {"article.comments": {(2,), (4,)}}
+    assert pc.get("article.comments", 2, exact=False) == 1
+    assert pc.get("article.comments", 4, exact=False) == 0
+    assert pc.get("article.comments", 5, exact=False) == 0
+
+
 def test_the_last_worker_to_unregister_drops_the_notes_and_dead_ones_are_forgotten(
     dsn: str, blog: Conn
 ) -> None:

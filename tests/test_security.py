@@ -374,6 +374,17 @@ def test_incr_runs_user_table_triggers_with_the_callers_rights(app: Conn, setup:
     assert definer == (False,)
 
 
+def test_an_application_roles_sql_increment_of_a_counter_column_is_reported(
+    app: Conn, setup: Conn
+) -> None:
+    from pgcounters.notifications import listen_direct, take_direct
+
+    assert listen_direct(setup) == 1  # a reporting worker's registration
+    app.execute("SELECT pgcounters.incr('article.title_edits', '{1}', 2)")
+    assert take_direct(setup) == {"article.title_edits": {(1,)}}
+    assert Counters(setup).get("article.title_edits", 1) == 2
+
+
 def test_app_role_may_not_pause_counting_unless_granted(dsn: str, app: Conn, setup: Conn) -> None:
     role = app.execute("SELECT current_user").fetchone()
     assert role is not None

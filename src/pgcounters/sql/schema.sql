@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 27
+-- version: 28
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -570,6 +570,11 @@ BEGIN
         t.target_key_column, t.key_types[1]::regtype, t.target_column)
     INTO v_value USING p_delta, v_key[1];
     PERFORM pg_catalog.set_config('pgcounters.applying', '', true);
+    -- the changed row's key noted for a reporting worker, as the Python client notes it
+    -- (version 28)
+    IF v_value IS NOT NULL AND p_delta <> 0 THEN
+        PERFORM pgcounters.note_direct(t.id, ARRAY[v_key[1]]);
+    END IF;
     RETURN v_value;
 END;
 $$;
