@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import uuid
 
-import psycopg
 import pytest
 
 from pgcounters import Counters
 from pgcounters.client import Mode
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import InvalidKey, UnknownCounter
+from pgcounters.errors import InvalidArgument, InvalidKey, UnknownCounter
 
 U = uuid.UUID("6f1c2b7e-8a9d-4c3b-9e2f-0a1b2c3d4e5f")
 
@@ -76,5 +75,29 @@ def test_a_queued_call_counts_once_and_bad_calls_fail_as_before(
             conn.execute("SELECT pgcounters.incr('b', %s::text[])", (key,))
     with pytest.raises(InvalidKey), translated():
         conn.execute("SELECT pgcounters.incr('b', ARRAY[NULL]::text[])")
-    with pytest.raises(psycopg.errors.NotNullViolation):
+    with pytest.raises(InvalidArgument), translated():
         conn.execute("SELECT pgcounters.incr('b', ARRAY['1'], NULL)")
+
+
+def test_a_null_delta_is_refused_and_changes_nothing(conn: Conn, pc: Counters) -> None:
+    conn.execute("CREATE TABLE post (id bigint PRIMARY KEY, hits bigint DEFAULT 0)")
+    conn.execute("INSERT INTO post VALUES (1, 0)")
+    pc.create_counter("views.queued", int)
+    pc.create_counter("views.unlogged", int, mode="unlogged")
+    pc.create_counter("views.direct", int, mode="direct")
+    pc.create_column_counter("post.hits", "post", "hits", mode="direct")
+    names = ("views.queued", "views.unlogged", "views.direct", "post.hits")
+    for name in names:
+        conn.execute("SELECT pgcounters.incr(%s, '{1}', 5)", (name,))
+    for name in names:
+        with pytest.raises(InvalidArgument, match="needs a delta"), translated():
+            conn.execute("SELECT pgcounters.incr(%s, '{1}', NULL)", (name,))
+    # a nullable counter column kept its count (it became NULL, the count lost, before)
+    assert conn.execute("SELECT hits FROM post").fetchall() == [(5,)]
+    for name in names:
+        assert pc.get(name, 1) == 5
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM pgcounters.queue)"
+        " + (SELECT count(*) FROM pgcounters.queue_unlogged)"
+    ).fetchone()
+    assert row == (2,)  # the two queued increments of 5, nothing more

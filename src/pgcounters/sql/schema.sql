@@ -547,6 +547,10 @@ BEGIN
         RETURN NULL;
     END IF;
     -- every other call, as in version 13
+    IF p_delta IS NULL THEN  -- refused before anything is written (version 28)
+        RAISE EXCEPTION 'pgcounters.incr needs a delta: got NULL for counter %', p_name
+            USING ERRCODE = 'PCT01';
+    END IF;
     t := pgcounters._target(p_name);
     v_key := pgcounters._canonical_key(t, p_key);
     IF t.scale IS NOT NULL THEN  -- decimal

@@ -1,11 +1,14 @@
--- Version 28: an SQL increment of a direct counter column is reported.
+-- Version 28: an SQL increment of a direct counter column is reported; a NULL delta is
+-- refused.
 --
 -- pgcounters.incr adds to a direct counter column with an UPDATE of the parent row, as
 -- the Python client does, but did not note the row's key for a reporting worker, which
 -- the client does (note_direct, a statement of its own): a cache kept fresh by the
 -- worker's reports missed the changes made from SQL. incr keeps its signature, grants
 -- and results; it now notes the key of the row it changed (nothing for a delta of 0 or
--- a key with no row). Everything else is version 15's.
+-- a key with no row). A NULL delta, which set a nullable counter column to NULL (the
+-- count lost), a direct named counter to nothing and a queued one to a constraint error,
+-- is refused with SQLSTATE PCT01. Everything else is version 15's.
 
 CREATE OR REPLACE FUNCTION pgcounters.incr(
     p_name text, p_key text[] DEFAULT '{}', p_delta bigint DEFAULT 1
@@ -57,6 +60,10 @@ BEGIN
         RETURN NULL;
     END IF;
     -- every other call, as in version 13
+    IF p_delta IS NULL THEN  -- refused before anything is written (version 28)
+        RAISE EXCEPTION 'pgcounters.incr needs a delta: got NULL for counter %', p_name
+            USING ERRCODE = 'PCT01';
+    END IF;
     t := pgcounters._target(p_name);
     v_key := pgcounters._canonical_key(t, p_key);
     IF t.scale IS NOT NULL THEN  -- decimal
