@@ -101,3 +101,16 @@ def test_a_null_delta_is_refused_and_changes_nothing(conn: Conn, pc: Counters) -
         " + (SELECT count(*) FROM pgcounters.queue_unlogged)"
     ).fetchone()
     assert row == (2,)  # the two queued increments of 5, nothing more
+
+
+def test_a_key_of_several_dimensions_gets_the_invalid_key_error(conn: Conn, pc: Counters) -> None:
+    pc.create_counter("views", int)
+    for statement in (
+        "SELECT pgcounters.incr('views', '{{7}}')",
+        "SELECT pgcounters.get('views', '{{7}}')",
+        "SELECT pgcounters.incr('views', '{{7},{8}}')",
+    ):
+        with pytest.raises(InvalidKey, match="takes a key of"), translated():
+            conn.execute(statement)
+    row = conn.execute("SELECT count(*) FROM pgcounters.queue").fetchone()
+    assert row == (0,)

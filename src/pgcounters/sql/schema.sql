@@ -386,10 +386,15 @@ DECLARE
     v_date date;
     i integer;
 BEGIN
-    IF p_key IS NULL
+    -- several dimensions first: array_position below fails on them
+    IF p_key IS NULL OR array_ndims(p_key) > 1
        OR coalesce(array_length(p_key, 1), 0) <> coalesce(array_length(p_target.key_types, 1), 0)
-       OR array_position(p_key, NULL) IS NOT NULL
-       OR array_ndims(p_key) > 1 THEN
+    THEN
+        RAISE EXCEPTION 'counter % takes a key of (%), got %',
+            p_target.name, array_to_string(p_target.key_types, ', '), coalesce(p_key::text, 'NULL')
+            USING ERRCODE = 'PC004';
+    END IF;
+    IF array_position(p_key, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'counter % takes a key of (%), got %',
             p_target.name, array_to_string(p_target.key_types, ', '), coalesce(p_key::text, 'NULL')
             USING ERRCODE = 'PC004';

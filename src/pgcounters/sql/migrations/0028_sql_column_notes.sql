@@ -9,6 +9,10 @@
 -- a key with no row). A NULL delta, which set a nullable counter column to NULL (the
 -- count lost), a direct named counter to nothing and a queued one to a constraint error,
 -- is refused with SQLSTATE PCT01. Everything else is version 15's.
+--
+-- _canonical_key (same signature and results) refused a key of several dimensions
+-- ('{{7}}') with PostgreSQL's "searching for elements in multidimensional arrays is not
+-- supported" instead of its own PC004 error: the dimensions are now checked first.
 
 CREATE OR REPLACE FUNCTION pgcounters.incr(
     p_name text, p_key text[] DEFAULT '{}', p_delta bigint DEFAULT 1
@@ -93,5 +97,76 @@ BEGIN
         PERFORM pgcounters.note_direct(t.id, ARRAY[v_key[1]]);
     END IF;
     RETURN v_value;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgcounters._canonical_key(p_target pgcounters.targets, p_key text[])
+RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_out text[] := '{}';
+    v_part text;
+    v_type text;
+    v_num numeric;
+    v_ymd text[];
+    v_date date;
+    i integer;
+BEGIN
+    -- several dimensions first: array_position below fails on them
+    IF p_key IS NULL OR array_ndims(p_key) > 1
+       OR coalesce(array_length(p_key, 1), 0) <> coalesce(array_length(p_target.key_types, 1), 0)
+    THEN
+        RAISE EXCEPTION 'counter % takes a key of (%), got %',
+            p_target.name, array_to_string(p_target.key_types, ', '), coalesce(p_key::text, 'NULL')
+            USING ERRCODE = 'PC004';
+    END IF;
+    IF array_position(p_key, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'counter % takes a key of (%), got %',
+            p_target.name, array_to_string(p_target.key_types, ', '), coalesce(p_key::text, 'NULL')
+            USING ERRCODE = 'PC004';
+    END IF;
+    FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
+        v_part := p_key[i];
+        v_type := p_target.key_types[i];
+        IF v_type = 'bigint' THEN
+            IF v_part !~ '^\s*[+-]?[0-9]{1,30}\s*$' THEN
+                RAISE EXCEPTION 'counter %: key part % is not a valid bigint',
+                    p_target.name, quote_literal(v_part) USING ERRCODE = 'PC004';
+            END IF;
+            v_num := btrim(v_part)::numeric;
+            IF v_num < -9223372036854775808 OR v_num > 9223372036854775807 THEN
+                RAISE EXCEPTION 'counter %: key part % is out of the bigint range',
+                    p_target.name, v_part USING ERRCODE = 'PC004';
+            END IF;
+            v_out := v_out || v_num::bigint::text;
+        ELSIF v_type = 'uuid' THEN
+            IF v_part !~* '^\s*\{?[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}\}?\s*$'
+            THEN
+                RAISE EXCEPTION 'counter %: key part % is not a valid uuid',
+                    p_target.name, quote_literal(v_part) USING ERRCODE = 'PC004';
+            END IF;
+            v_out := v_out || btrim(v_part)::uuid::text;
+        ELSIF v_type = 'date' THEN
+            v_ymd := regexp_match(v_part, '^\s*([0-9]{4})-([0-9]{1,2})-([0-9]{1,2})\s*$');
+            IF v_ymd IS NULL OR v_ymd[2]::integer NOT BETWEEN 1 AND 12
+               OR v_ymd[3]::integer < 1 OR v_ymd[1]::integer < 1 THEN
+                RAISE EXCEPTION 'counter %: key part % is not a valid date (YYYY-MM-DD)',
+                    p_target.name, quote_literal(v_part) USING ERRCODE = 'PC004';
+            END IF;
+            v_date := make_date(v_ymd[1]::integer, v_ymd[2]::integer, 1) + (v_ymd[3]::integer - 1);
+            IF extract(month FROM v_date) <> v_ymd[2]::integer THEN
+                RAISE EXCEPTION 'counter %: key part % is not a valid date (YYYY-MM-DD)',
+                    p_target.name, quote_literal(v_part) USING ERRCODE = 'PC004';
+            END IF;
+            v_out := v_out || to_char(v_date, 'YYYY-MM-DD');
+        ELSE
+            IF length(v_part) > 1000 THEN
+                RAISE EXCEPTION 'counter %: a text key part has at most 1000 characters',
+                    p_target.name USING ERRCODE = 'PC004';
+            END IF;
+            v_out := v_out || v_part;
+        END IF;
+    END LOOP;
+    RETURN v_out;
 END;
 $$;
