@@ -257,3 +257,37 @@ def test_new_tables_and_their_counters_in_one_revision(tmp_path: Path, empty_dsn
     _alembic(project, "downgrade", "base")
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT to_regclass('sa_article')").fetchone() == (None,)
+
+
+def test_a_disabled_counter_trigger_is_a_difference_and_its_migration_recounts(
+    tmp_path: Path, empty_dsn: str
+) -> None:
+    project = _project(tmp_path / "project", empty_dsn, "generic")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(TABLES)
+    _revision(project, "counters")
+    _alembic(project, "upgrade", "head")
+    _alembic(project, "check")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        (trigger,) = conn.execute(
+            "SELECT t.tgname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
+            " WHERE t.tgrelid = 'sa_comment'::regclass AND p.prosrc LIKE"
+            " '%event=insert name=sa_article.public_comments%'"
+        ).fetchone() or ("",)
+        conn.execute(f'ALTER TABLE sa_comment DISABLE TRIGGER "{trigger}"')
+        conn.execute("INSERT INTO sa_comment (article_id, status) VALUES (3, 'public')")
+        Counters(conn).drain()
+        assert _stored(conn) != _truth(conn)  # the comment went uncounted
+    differences = _failing(project, "check")
+    assert "('change_counter', 'sa_article.public_comments')" in differences
+    assert "comment_count" not in differences  # its triggers are all enabled
+    repair = _revision(project, "repair")
+    assert repair.count("op.change_counter(") == 2  # the upgrade, and its downgrade
+    _alembic(project, "upgrade", "head")
+    _alembic(project, "check")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert _stored(conn) == _truth(conn)  # counted again from the rows
+        row = conn.execute(
+            "SELECT count(*) FROM pg_trigger WHERE tgenabled = 'D' AND tgname LIKE 'pgc\\_%'"
+        ).fetchone()
+        assert row == (0,)

@@ -234,6 +234,21 @@ def test_install_counts_the_rows_already_there(engine: Engine) -> None:
         assert conn.execute(text("SELECT count(*) FROM pgcounters.backfills")).scalar() == 0
     with engine.begin() as conn:  # nothing to do a second time
         assert install_counters(conn, Base.metadata) == []
+    with engine.begin() as conn:  # counter triggers disabled by hand: a comment uncounted
+        found = conn.execute(
+            text(
+                "SELECT t.tgname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
+                " WHERE t.tgrelid = 'sa_comment'::regclass"
+                "   AND p.prosrc LIKE '%-- pgcounters spec fingerprint=%'"
+            )
+        ).scalars()
+        for name in found:
+            conn.execute(text(f'ALTER TABLE sa_comment DISABLE TRIGGER "{name}"'))
+        conn.execute(insert(Comment), [{"article_id": 1, "status": "public", "score": 1}])
+    with engine.begin() as conn:  # installed again, and the rows counted again
+        assert install_counters(conn, Base.metadata)
+    with engine.connect() as conn:
+        assert stored(conn) == exact_values(conn) == truth(conn)
 
 
 def test_a_writer_beside_the_install_is_counted_once(engine: Engine, dsn: str) -> None:

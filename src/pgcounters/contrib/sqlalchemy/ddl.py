@@ -269,17 +269,28 @@ def recorded(runner: Runner) -> dict[str, CounterSpec]:
     return out
 
 
-def triggers_of(runner: Runner) -> dict[str, list[tuple[str, str, str, str, str, bool]]]:
+InstalledTrigger = tuple[str, str, str, str, str, bool, bool]
+
+
+def triggers_of(runner: Runner) -> dict[str, list[InstalledTrigger]]:
     """The installed counter triggers by counter name: (schema, table, trigger, event,
-    fingerprint, follower)."""
-    out: dict[str, list[tuple[str, str, str, str, str, bool]]] = {}
-    for nsp, table, trigger, _enabled, source, follower in runner.fetchall(
+    fingerprint, follower, enabled)."""
+    out: dict[str, list[InstalledTrigger]] = {}
+    for nsp, table, trigger, enabled, source, follower in runner.fetchall(
         sqlfiles.query("counter_triggers")
     ):
         match = MARKER_RE.search(source)
         if match is not None:
             out.setdefault(match["name"], []).append(
-                (nsp, table, trigger, match["event"], match["fingerprint"], bool(follower))
+                (
+                    nsp,
+                    table,
+                    trigger,
+                    match["event"],
+                    match["fingerprint"],
+                    bool(follower),
+                    bool(enabled),
+                )
             )
     return out
 
@@ -287,11 +298,13 @@ def triggers_of(runner: Runner) -> dict[str, list[tuple[str, str, str, str, str,
 def state(
     spec: CounterSpec,
     recorded_spec: CounterSpec | None,
-    triggers: Sequence[tuple[str, str, str, str, str, bool]],
+    triggers: Sequence[InstalledTrigger],
 ) -> str:
     """``installed``, ``missing`` (never recorded, or triggers absent) or ``outdated``
-    (recorded with another definition, or triggers of another one)."""
-    own = [t for t in triggers if not t[5]]
+    (recorded with another definition, or triggers of another one). A counter whose
+    triggers were disabled (``ALTER TABLE ... DISABLE TRIGGER``) is not installed either:
+    rows written meanwhile went uncounted, and installing it again counts them."""
+    own = [t for t in triggers if not t[5] and t[6]]
     if recorded_spec is None and not own:
         return "missing"
     if recorded_spec is not None and recorded_spec.fingerprint != spec.fingerprint:
