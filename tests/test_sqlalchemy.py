@@ -18,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Integer,
     MetaData,
+    Numeric,
     String,
     Table,
     create_engine,
@@ -381,6 +382,7 @@ def _declare(via: str, **options: Any) -> MetaData:
         id: Mapped[int] = mapped_column(primary_key=True)
         parent_id: Mapped[int] = mapped_column(ForeignKey("bad_parent.id"))
         ratio: Mapped[float] = mapped_column()
+        amount: Mapped[Decimal] = mapped_column(Numeric())
 
     Parent.children = relationship(Child)
     Parent.probe = counted(via, **options)
@@ -395,6 +397,8 @@ def _declare(via: str, **options: Any) -> MetaData:
         ("children", {"sum": "ratio"}, "floating-point"),
         ("children", {"sum": "nope"}, "no column attribute 'nope'"),
         ("children", {"sum": "parent_id", "decimal_places": 2}, "no decimal_places"),
+        ("children", {"sum": "amount", "decimal_places": 2}, r"no scale: give the column"),
+        ("children", {"filter": "status = 'x'"}, "the filter is a function"),
         ("children", {"filter": lambda c: ELSEWHERE.c.x == 1}, "its own columns"),
     ],
 )

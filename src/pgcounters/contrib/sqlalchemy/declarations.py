@@ -252,6 +252,11 @@ def spec_of(column: Column[Any]) -> CounterSpec:
     elif declaration.filter is not None:
         condition: Any = declaration.filter
         if not isinstance(condition, ColumnElement):
+            if not callable(condition):
+                raise InvalidCounterDefinition(
+                    f"{what}: the filter is a function of the related class giving an SQL "
+                    f"condition (lambda c: c.status == 'public'), got {condition!r}"
+                )
             condition = condition(source_mapper.class_)
         if hasattr(condition, "__clause_element__"):  # a boolean attribute of the model
             condition = condition.__clause_element__()
@@ -291,12 +296,16 @@ def _summed(
             "their sum; sum a Numeric column (with decimal_places) or an integer"
         )
     if isinstance(column.type, Numeric):
-        if column.type.scale is None or places != column.type.scale:
+        if column.type.scale is None:
             raise InvalidCounterDefinition(
-                f"{what}: {declaration.sum} is a Numeric with "
-                f"{column.type.scale if column.type.scale is not None else 'no'} decimal "
-                f"places: sum it exactly with decimal_places={column.type.scale} (and the "
-                "column a scale)"
+                f"{what}: {declaration.sum} is a Numeric with no scale: give the column its "
+                "decimal places (Numeric(precision, scale)) and the counter the same "
+                "decimal_places to sum it exactly"
+            )
+        if places != column.type.scale:
+            raise InvalidCounterDefinition(
+                f"{what}: {declaration.sum} is a Numeric with {column.type.scale} decimal "
+                f"places: sum it exactly with decimal_places={column.type.scale}"
             )
         return column.name, places
     if not isinstance(column.type, Integer):
