@@ -64,3 +64,46 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         cli.run(["create"])
     assert info.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "verb", "message"),
+    [
+        (["incr", "views", "1", "--bogus"], "incr", "unrecognized arguments: --bogus"),
+        (["quota", "call", "api", "s", "--bogus"], "quota call", "unrecognized arguments"),
+        (["drain", "extra"], "drain", "unrecognized arguments: extra"),
+        (["drain", "--statement-timeout", "3000000"], "drain", "at most 2147483 seconds"),
+        (["worker", "--statement-timeout", "1e12"], "worker", "at most 2147483 seconds"),
+    ],
+)
+def test_a_verbs_usage_error_names_the_verb_before_any_connection(
+    capsys: pytest.CaptureFixture[str], args: list[str], verb: str, message: str
+) -> None:
+    with pytest.raises(SystemExit) as info:  # port 1: nothing is opened
+        cli.run(["--dsn", "host=127.0.0.1 port=1 connect_timeout=2", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pgcounters {verb}: error: ")
+    assert message in err
+    assert err.endswith(f"(see `pgcounters {verb} --help`)\n")
+    assert err.count("\n") == 1
+
+
+def test_a_failed_connection_says_why_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "host=127.0.0.1 port=1 connect_timeout=2", "list")
+    assert code == 1
+    assert err.count("\n") == 1
+    assert "Connection refused" in err  # the reason, not only libpq's hint
+    code, _, err = run(capsys, "not a dsn", "list")
+    assert code == 1
+    assert err.startswith("pgcounters: error: invalid DSN 'not a dsn': ")
+    assert err.count("\n") == 1
+
+
+def test_a_wakeup_interval_under_a_millisecond_is_refused(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, dsn, "wakeup", "on", "--interval", "0.0001")
+    assert code == 1
+    assert "between 1 ms and 1 hour" in err
+    assert run(capsys, dsn, "wakeup", "show")[1].startswith("wake-ups are off")

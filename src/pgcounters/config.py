@@ -50,9 +50,11 @@ def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> Conn:
 
 def connection_failed(dsn: str, exc: psycopg.Error) -> ConnectionFailed:
     """The error for a connection attempt to ``dsn`` that failed (the DSN redacted)."""
+    # libpq's message spans lines (the failure, then a hint): one line, each part kept
+    reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     if isinstance(exc, psycopg.ProgrammingError):
-        return ConnectionFailed(f"invalid DSN {redact(dsn)!r}: {exc}")
-    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return ConnectionFailed(f"invalid DSN {redact(dsn)!r}: {reason}")
+    reason = reason.removeprefix("connection failed: ") or type(exc).__name__
     return ConnectionFailed(f"could not connect to PostgreSQL at {redact(dsn)!r}: {reason}")
 
 

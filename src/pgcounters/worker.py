@@ -762,6 +762,10 @@ def enable_wakeups(conn: Conn, interval: float = 0.1) -> None:
     """
     if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
         raise ConfigurationError(f"the wake-up interval must be positive, got {interval!r}")
+    if interval < 0.001:  # the database keeps whole milliseconds: it would round it up
+        raise ConfigurationError(
+            f"the wake-up interval must be between 1 ms and 1 hour, got {interval!r} seconds"
+        )
     with translated(), conn.transaction():
         schema.check(conn)
         conn.execute(_ops("enable_wakeups"), {"seconds": interval})

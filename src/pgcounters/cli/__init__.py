@@ -91,7 +91,11 @@ def run(
     """Run one command; return its exit code. Bad usage raises ``SystemExit(2)``, as
     argparse does, before any database is opened. ``on_change``: the ``worker``
     command's change callback (:class:`pgcounters.Worker`)."""
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # named by the verb that was given them, as its other usage errors are
+        verb: argparse.ArgumentParser = getattr(args, "verb_parser", None) or parser
+        verb.error(f"unrecognized arguments: {' '.join(extras)}")
     check_usage(args)
     args.on_change = on_change
     return run_verb(args, prog)

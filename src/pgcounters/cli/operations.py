@@ -15,6 +15,7 @@ from pgcounters.cli.types import (
     port,
     positive_int,
     positive_seconds,
+    statement_seconds,
 )
 from pgcounters.config import connect
 from pgcounters.notifications import MAX_KEYS
@@ -256,7 +257,7 @@ def configure_operations(sub: Any) -> None:
     )
     p.add_argument(
         "--statement-timeout",
-        type=non_negative_seconds,
+        type=statement_seconds,
         metavar="S",
         help="abort a batch running longer than S",
     )
@@ -273,7 +274,7 @@ def configure_operations(sub: Any) -> None:
     p.add_argument("--linger", type=non_negative_seconds, default=0.02, metavar="S",
                    help="wait after a batch not full, to gather more (0: none)")  # fmt: skip
     p.add_argument("--listen", action="store_true", help="also wake on notifications (`wakeup on`)")
-    p.add_argument("--statement-timeout", type=non_negative_seconds, default=60.0, metavar="S")
+    p.add_argument("--statement-timeout", type=statement_seconds, default=60.0, metavar="S")
     p.add_argument(
         "--idle-timeout", type=non_negative_seconds, default=60.0, metavar="S",
         help="idle_in_transaction_session_timeout",

@@ -71,6 +71,19 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
+STATEMENT_TIMEOUT_MAX = (2**31 - 1) // 1000
+
+
+def statement_seconds(text: str) -> float:
+    """A statement timeout in seconds: 0 (none) up to PostgreSQL's largest, 2147483."""
+    value = non_negative_seconds(text)
+    if value > STATEMENT_TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {STATEMENT_TIMEOUT_MAX} seconds, got {text!r}"
+        )
+    return value
+
+
 def instant(text: str) -> dt.datetime:
     """An ISO 8601 instant; without an offset it is taken as UTC."""
     try:
