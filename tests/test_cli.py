@@ -107,3 +107,12 @@ def test_a_wakeup_interval_under_a_millisecond_is_refused(
     assert code == 1
     assert "between 1 ms and 1 hour" in err
     assert run(capsys, dsn, "wakeup", "show")[1].startswith("wake-ups are off")
+
+
+def test_version_says_when_the_schema_is_not_installed(
+    empty_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, empty_dsn, "version")
+    assert code == 1
+    assert "schema not installed, expected" in out
+    assert "None" not in out

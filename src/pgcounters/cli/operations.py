@@ -86,7 +86,8 @@ def _check_schema(args: argparse.Namespace) -> str | None:
 def _cmd_version(args: argparse.Namespace, dsn: str) -> int:
     with connect(dsn) as conn:
         state = schema.state(conn)
-    print(f"package {__version__}; schema installed {state.installed}, expected {state.expected}")
+    installed = "not installed" if state.installed is None else f"installed {state.installed}"
+    print(f"package {__version__}; schema {installed}, expected {state.expected}")
     return EXIT_OK if state.current else EXIT_ERROR
 
 
