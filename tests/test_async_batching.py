@@ -208,3 +208,26 @@ def test_increments_in_an_async_transaction_count_only_if_it_commits(
     assert row == (40,)
     # 40 committed requests, 10 increments each over keys 0, 1, 2 (4, 3, 3 of them)
     assert [pc.get("per_page", k) for k in range(3)] == [160, 120, 120]
+
+
+def test_a_dropped_counter_holds_back_only_its_own_increments(dsn: str, pc: Counters) -> None:
+    pc.create_counter("a", key=int)
+    pc.create_counter("b", key=int)
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            events = AsyncBatchingCounters(aconn, interval=None)
+            await events.incr("a", 1, 3)
+            await events.incr("b", 1, 4)
+            pc.drop_counter("b")
+            with pytest.raises(BufferFlushFailed, match="'b' was dropped"):
+                await events.flush()
+            assert pc.get("a", 1) == 3  # the other counter's increment is written
+            assert events.pending() == 1
+            pc.create_counter("b", key=int)
+            await events.flush()
+            assert events.pending() == 0
+            await events.aclose()
+
+    asyncio.run(main())
+    assert pc.get("b", 1) == 4

@@ -282,6 +282,31 @@ def test_a_forked_child_does_not_write_the_parents_buffer(dsn: str, pc: Counters
     assert pc.get("c") == 11
 
 
+def test_a_dropped_counter_holds_back_only_its_own_increments(dsn: str, pc: Counters) -> None:
+    """One counter dropped while its increments were buffered used to stop every flush:
+    the other counters' acknowledged increments were never written."""
+    pc.create_counter("a", key=int)
+    pc.create_counter("b", key=int)
+    batcher = BatchingCounters(dsn, max_pending=1000, interval=None, flush_at_exit=False)
+    try:
+        batcher.incr("a", 1, 3)
+        batcher.incr("b", 1, 4)
+        pc.drop_counter("b")
+        with pytest.raises(BufferFlushFailed, match="'b' was dropped"):
+            batcher.flush()
+        assert pc.get("a", 1) == 3  # written all the same
+        assert batcher.pending() == 1  # b's, kept
+        batcher.incr("a", 2, 5)
+        with pytest.raises(BufferFlushFailed, match="'b' was dropped"):
+            batcher.flush()
+        assert pc.get("a", 2) == 5  # not held up by b either
+        pc.create_counter("b", key=int)
+        batcher.flush()
+        assert (pc.get("b", 1), batcher.pending()) == (4, 0)
+    finally:
+        batcher.close()
+
+
 def test_a_counter_dropped_and_recreated_meanwhile_gets_the_buffered_increments(
     dsn: str, pc: Counters
 ) -> None:

@@ -67,6 +67,7 @@ from pgcounters.errors import (
     InvalidDelta,
 )
 from pgcounters.flushlog import (
+    CountersDropped,
     DbLink,
     EncodedIncrement,
     check_buffer_name,
@@ -186,6 +187,19 @@ class _Pending:
         with self.lock:
             self.batches.remove(batch)
             self.batched_keys -= len(batch.deltas)
+
+    def written_but(self, batch: _Batch, held: list[EncodedIncrement]) -> BufferFlushFailed:
+        """``batch`` was written but for ``held`` (increments of counters dropped meanwhile):
+        those are buffered again, to be written if their counter is declared again, and
+        no longer stand in the way of the others. The error to raise."""
+        with self.lock:
+            self.batches.remove(batch)
+            self.batched_keys -= len(batch.deltas)
+            for counter, encoded, delta in held:
+                k = (counter.name, encoded)
+                self.buf[k] = _summed(self.buf.get(k, 0), delta, counter.name)
+                self.count += 1
+        return BufferFlushFailed(f"{CountersDropped(held)}; they are retried at each flush")
 
     def pending(self) -> int:
         with self.lock:
@@ -470,6 +484,8 @@ class BatchingCounters(_ErrorReports):
                     items,
                     redeclared=self._link.redeclared,
                 )
+            except CountersDropped as exc:  # the rest is committed
+                raise self._pending.written_but(batch, exc.held) from exc
             except BaseException as exc:
                 # whatever happened, the batch may or may not have been committed:
                 # look its id up before writing it again
@@ -763,6 +779,8 @@ class AsyncBatchingCounters(_ErrorReports):
 
         try:
             await client._run(write())
+        except CountersDropped as exc:  # the rest is committed
+            raise self._pending.written_but(batch, exc.held) from exc
         except BaseException as exc:
             # whatever happened, the batch may or may not have been committed: look its
             # id up before writing it again

@@ -157,6 +157,20 @@ def write_flush(
     )
 
 
+class CountersDropped(UnknownCounter):
+    """A flush wrote its other counters' increments, but counters it had increments for
+    were dropped meanwhile: ``held`` are theirs, not written (the buffer keeps them)."""
+
+    def __init__(self, held: Sequence[EncodedIncrement]) -> None:
+        names = ", ".join(sorted({repr(c.name) for c, _, _ in held}))
+        super().__init__(
+            f"counter {names} was dropped after increments to it were buffered: "
+            f"{len(held)} keys kept (declare it again to have them written); the other "
+            "counters' increments were written"
+        )
+        self.held = list(held)
+
+
 def write_flush_plan(
     pc: _CounterPlans,
     flush_id: str,
@@ -181,22 +195,25 @@ def write_flush_plan(
     conn: ConnState = yield Connection()
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise ConfigurationError("a buffer flush must run outside a transaction")
-    total = sum(delta for _, _, delta in rows)
     keep = list(keep)
+    held: list[EncodedIncrement] = []
 
     def body() -> Plan[bool]:
         by_queue: dict[str, list[EncodedIncrement]] = {"queued": [], "unlogged": [], "direct": []}
         # the declarations as they are now: a counter dropped and created again under
         # its name since the buffer looked it up has a new id (the old one's deltas
-        # would be set aside by the drain), a dropped one refuses the flush (the
-        # increments stay buffered) instead of writing deltas nobody applies
-        for item in (yield from _current(pc, rows, redeclared)):
+        # would be set aside by the drain); a dropped one's increments are held back
+        # (the buffer keeps them) instead of written as deltas nobody applies, and the
+        # other counters' are written all the same
+        current, dropped = yield from _current(pc, rows, redeclared)
+        held[:] = dropped
+        for item in current:
             if item[2]:
                 by_queue[item[0].mode].append(item)
         row = yield Execute(
             query("record_flush"),
-            {"flush_id": flush_id, "buffer": buffer, "keys": len(rows), "total": total,
-             "keep": keep},
+            {"flush_id": flush_id, "buffer": buffer, "keys": len(current),
+             "total": sum(delta for _, _, delta in current), "keep": keep},
             "one",
         )  # fmt: skip
         if not (row and row[0]):
@@ -215,6 +232,8 @@ def write_flush_plan(
         return True
 
     written: bool = yield Transaction(body())
+    if held:  # raised once the rest is committed
+        raise CountersDropped(held)
     return written
 
 
@@ -222,21 +241,21 @@ def _current(
     pc: _CounterPlans,
     rows: Sequence[EncodedIncrement],
     redeclared: Callable[[Counter], None] | None,
-) -> Plan[list[EncodedIncrement]]:
-    """``rows`` with each counter's declaration read again (one statement)."""
+) -> Plan[tuple[list[EncodedIncrement], list[EncodedIncrement]]]:
+    """``rows`` with each counter's declaration read again (one statement), and apart the
+    rows of counters dropped since."""
     names = sorted({counter.name for counter, _, _ in rows})
     if not names:
-        return list(rows)
+        return list(rows), []
     found = yield Execute(query("targets_by_names"), {"names": names}, "all")
     now = {str(r[1]): _row_to_counter(r) for r in found}
     out: list[EncodedIncrement] = []
+    dropped: list[EncodedIncrement] = []
     for counter, encoded, delta in rows:
         current = now.get(counter.name)
         if current is None:
-            raise UnknownCounter(
-                f"counter {counter.name!r} was dropped after increments to it were buffered; "
-                "they are kept (declare it again, or discard the buffer)"
-            )
+            dropped.append((counter, encoded, delta))
+            continue
         if current != counter:
             if (
                 current.key_types != counter.key_types
@@ -252,7 +271,7 @@ def _current(
                 redeclared(current)
             counter = current
         out.append((counter, encoded, delta))
-    return out
+    return out, dropped
 
 
 def flush_recorded(pc: Counters, flush_id: str) -> bool:
