@@ -433,3 +433,18 @@ def test_a_counter_dropped_and_recreated_meanwhile_gets_the_flushed_increments(
     pc.drain()
     assert pc.get("v", 1) == 7
     assert buf.get("v", 1) == 7
+
+
+def test_a_counter_dropped_after_it_was_looked_up_is_set_aside_and_the_rest_applied(
+    buf: RedisBuffer, pc: Counters
+) -> None:
+    pc.create_counter("kept", key=int)
+    pc.create_counter("gone", key=int)
+    buf.incr("kept", 1, 2)
+    buf.incr("gone", 1, 5)  # the buffer has looked "gone" up: a flush reads its fields
+    pc.drop_counter("gone")
+    result = buf.flush()
+    assert result.rejected == 1
+    assert pc.get("kept", 1) == 2
+    raw: dict[bytes, bytes] = buf.redis.hgetall(buf.rejected_key)  # type: ignore[assignment]
+    assert {k.decode(): int(v) for k, v in raw.items()} == {'["gone",["1"]]': 5}

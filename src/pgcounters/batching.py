@@ -67,7 +67,6 @@ from pgcounters.errors import (
     InvalidDelta,
 )
 from pgcounters.flushlog import (
-    CountersDropped,
     DbLink,
     EncodedIncrement,
     check_buffer_name,
@@ -199,7 +198,12 @@ class _Pending:
                 k = (counter.name, encoded)
                 self.buf[k] = _summed(self.buf.get(k, 0), delta, counter.name)
                 self.count += 1
-        return BufferFlushFailed(f"{CountersDropped(held)}; they are retried at each flush")
+        names = ", ".join(sorted({repr(c.name) for c, _, _ in held}))
+        return BufferFlushFailed(
+            f"counter {names} was dropped after increments to it were buffered: {len(held)} "
+            "keys kept, written once it is declared again (the other counters' increments "
+            "were written)"
+        )
 
     def pending(self) -> int:
         with self.lock:
@@ -477,15 +481,13 @@ class BatchingCounters(_ErrorReports):
                         "batch %s had been committed before its connection broke", batch.flush_id
                     )
                     return
-                write_flush(
+                _, held = write_flush(
                     pc,
                     batch.flush_id,
                     self.buffer,
                     items,
                     redeclared=self._link.redeclared,
                 )
-            except CountersDropped as exc:  # the rest is committed
-                raise self._pending.written_but(batch, exc.held) from exc
             except BaseException as exc:
                 # whatever happened, the batch may or may not have been committed:
                 # look its id up before writing it again
@@ -497,6 +499,8 @@ class BatchingCounters(_ErrorReports):
                     f"could not write {batch.increments} buffered increments "
                     f"({len(items)} keys): {exc}; they are kept and retried"
                 ) from exc
+        if held:  # the rest is committed: only these stay
+            raise self._pending.written_but(batch, held)
 
     def pending(self) -> int:
         """Acknowledged increments not yet written (in this process)."""
@@ -767,10 +771,10 @@ class AsyncBatchingCounters(_ErrorReports):
         ]
         client = self.client
 
-        def write() -> Plan[bool]:
+        def write() -> Plan[tuple[bool, list[EncodedIncrement]]]:
             if batch.in_doubt and (yield from flush_recorded_plan(batch.flush_id)):
                 log.info("batch %s had been committed before its connection broke", batch.flush_id)
-                return False
+                return False, []
             return (
                 yield from write_flush_plan(
                     client, batch.flush_id, self.buffer, items, redeclared=self._redeclared
@@ -778,9 +782,7 @@ class AsyncBatchingCounters(_ErrorReports):
             )
 
         try:
-            await client._run(write())
-        except CountersDropped as exc:  # the rest is committed
-            raise self._pending.written_but(batch, exc.held) from exc
+            _, held = await client._run(write())
         except BaseException as exc:
             # whatever happened, the batch may or may not have been committed: look its
             # id up before writing it again
@@ -791,6 +793,8 @@ class AsyncBatchingCounters(_ErrorReports):
                 f"could not write {batch.increments} buffered increments "
                 f"({len(items)} keys): {exc}; they are kept and retried"
             ) from exc
+        if held:  # the rest is committed: only these stay
+            raise self._pending.written_but(batch, held)
 
     async def get(self, name: str, key: object = None) -> int:
         """Exact value: the database's exact value plus what this process has not written."""

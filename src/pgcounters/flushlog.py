@@ -26,7 +26,6 @@ from pgcounters.errors import (
     ConfigurationError,
     ConnectionFailed,
     InvalidCounterDefinition,
-    UnknownCounter,
 )
 from pgcounters.keys import decode_key
 from pgcounters.plans import Connection, ConnState, Copy, Execute, Plan, Transaction
@@ -150,25 +149,11 @@ def write_flush(
     *,
     keep: Iterable[str] = (),
     redeclared: Callable[[Counter], None] | None = None,
-) -> bool:
+) -> tuple[bool, list[EncodedIncrement]]:
     """Write ``rows`` and record ``flush_id`` in one transaction (see :func:`write_flush_plan`)."""
     return plans.run(
         write_flush_plan(pc, flush_id, buffer, rows, keep=keep, redeclared=redeclared), pc.conn
     )
-
-
-class CountersDropped(UnknownCounter):
-    """A flush wrote its other counters' increments, but counters it had increments for
-    were dropped meanwhile: ``held`` are theirs, not written (the buffer keeps them)."""
-
-    def __init__(self, held: Sequence[EncodedIncrement]) -> None:
-        names = ", ".join(sorted({repr(c.name) for c, _, _ in held}))
-        super().__init__(
-            f"counter {names} was dropped after increments to it were buffered: "
-            f"{len(held)} keys kept (declare it again to have them written); the other "
-            "counters' increments were written"
-        )
-        self.held = list(held)
 
 
 def write_flush_plan(
@@ -179,14 +164,15 @@ def write_flush_plan(
     *,
     keep: Iterable[str] = (),
     redeclared: Callable[[Counter], None] | None = None,
-) -> Plan[bool]:
+) -> Plan[tuple[bool, list[EncodedIncrement]]]:
     """Write ``rows`` and record ``flush_id`` in one transaction.
 
     Deltas of queued and unlogged counters are copied into their queue with
     COPY (a flush of 2,000 keys measured twice as fast as through the
     multi-row INSERTs of :meth:`Counters.incr_many`, which direct counters
-    still use). Returns
-    False (and writes nothing) when the flush was already recorded. The
+    still use). Returns whether it wrote (False, and nothing written, when the
+    flush was already recorded), and the increments of counters dropped since the
+    buffer looked them up, not written (the rest is): the buffer keeps them. The
     connection must not be inside a transaction. ``redeclared`` is told of a
     counter declared again (dropped and created under its name) since the
     buffer looked it up. A plan: the sync buffers run it on a connection, the
@@ -232,9 +218,7 @@ def write_flush_plan(
         return True
 
     written: bool = yield Transaction(body())
-    if held:  # raised once the rest is committed
-        raise CountersDropped(held)
-    return written
+    return written, held
 
 
 def _current(

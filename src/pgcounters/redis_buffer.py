@@ -561,7 +561,7 @@ class RedisBuffer:
         items, rejected = self._parse(raw)
         with self._link.lock:
             try:
-                fresh = write_flush(
+                fresh, held = write_flush(
                     self._link.counters(),
                     flush_id,
                     self.name,
@@ -575,6 +575,12 @@ class RedisBuffer:
                     f"flush {flush_id} of Redis buffer {self.name!r} could not be written "
                     f"({exc}); it stays in Redis and the next flush applies it"
                 ) from exc
+        for counter, encoded, delta in held:  # dropped since they were read: set aside too
+            field = json.dumps(
+                [counter.name, list(encoded)], separators=(",", ":"), ensure_ascii=False
+            )
+            rejected[field] = rejected.get(field, 0) + delta
+        items = [item for item in items if item not in held]
         if self.after_commit is not None:
             self.after_commit(flush_id)
         with self.redis.pipeline(transaction=True) as pipe:
