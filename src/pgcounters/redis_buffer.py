@@ -271,6 +271,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+def _field_text(name: str, encoded: list[str]) -> str:
+    """The hash field of a counter's key in its canonical text form."""
+    return json.dumps([name, encoded], separators=(",", ":"), ensure_ascii=False)
+
+
 class RedisBuffer:
     """Increments buffered in Redis and flushed to PostgreSQL exactly once.
 
@@ -353,8 +358,7 @@ class RedisBuffer:
     def field(self, name: str, key: object = None) -> str:
         """The validated hash field of one counter and key."""
         counter = self._link.counter(name)
-        encoded = encode_key(key, counter.key_types, name)
-        return json.dumps([name, encoded], separators=(",", ":"), ensure_ascii=False)
+        return _field_text(name, encode_key(key, counter.key_types, name))
 
     def slot_of(self, field: str) -> _Slot:
         """The slot that holds ``field`` (the same in every process: CRC-32, not hash())."""
@@ -576,9 +580,7 @@ class RedisBuffer:
                     f"({exc}); it stays in Redis and the next flush applies it"
                 ) from exc
         for counter, encoded, delta in held:  # dropped since they were read: set aside too
-            field = json.dumps(
-                [counter.name, list(encoded)], separators=(",", ":"), ensure_ascii=False
-            )
+            field = _field_text(counter.name, list(encoded))
             rejected[field] = rejected.get(field, 0) + delta
         items = [item for item in items if item not in held]
         if self.after_commit is not None:
