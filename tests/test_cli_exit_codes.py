@@ -73,6 +73,18 @@ def test_interrupted_exits_130(dsn: str) -> None:
     assert (proc.returncode, err) == (cli.EXIT_INTERRUPTED, "pgcounters: interrupted\n")
 
 
+def test_sigterm_stops_the_status_server_cleanly(dsn: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgcounters", "--dsn", dsn, "status", "--serve", "0"],
+        env=no_dsn_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("serving /metrics")
+    proc.send_signal(signal.SIGTERM)  # how a service manager stops it
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (cli.EXIT_OK, "stopped\n", "")
+
+
 # one bad command line per verb group, each refused by an argument type or a check of the
 # options together; no --dsn and no PGCOUNTERS_DSN, so a database opened would show
 BAD_USAGE = {
@@ -80,6 +92,8 @@ BAD_USAGE = {
     "operations (seconds)": ["wakeup", "on", "--interval", "-1"],
     "operations (worker)": ["worker", "--min-interval", "0"],
     "operations (port)": ["status", "--serve", "70000"],
+    "operations (bind without serve)": ["status", "--bind", "0.0.0.0"],
+    "operations (interval without on)": ["wakeup", "off", "--interval", "1"],
     "counters": ["top", "c", "-n", "-1"],
     "counters (backfill)": ["backfill", "--batch-size", "many"],
     "quotas": ["quota", "call", "q", "s", "--at", "yesterday"],

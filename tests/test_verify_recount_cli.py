@@ -184,6 +184,10 @@ def test_recount_takes_key_ranges(
     code, _, err = run(capsys, dsn, "recount", ARTICLE, "--key-from", "four")
     assert code == cli.EXIT_ERROR
     assert "'four' is not a valid bigint" in err
+    # a range whose ends are swapped holds no key: refused, not reported as a recount of 0
+    code, out, err = run(capsys, dsn, "recount", ARTICLE, "--key-from", "5", "--key-to", "1")
+    assert (code, out) == (cli.EXIT_ERROR, "")
+    assert "the key range from 5 to 1 is empty" in err
     assert wrong() == [4]
     assert off_keys(conn) == {(ARTICLE, (4,))}
     with pytest.raises(SystemExit) as usage:

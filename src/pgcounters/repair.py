@@ -359,6 +359,8 @@ def recount(
         raise psycopg.ProgrammingError("recount commits per batch: call it outside a transaction")
     with translated():
         spec = _resolve(conn, counter, "recount")
+        if key_range is not None and spec.keys:
+            _check_range(spec, key_range)
         with conn.transaction():
             target = _target_id(conn, spec)
         result = RecountResult(spec.name)
@@ -662,6 +664,22 @@ def _named_keys(
     if cursor is not None:
         keys = [key for key in keys if key > cursor]
     return keys
+
+
+def _check_range(spec: CounterSpec, key_range: KeyRange) -> None:
+    """Refuse a range whose low end is above its high end: it holds no key, and a
+    recount of nothing that says it is done would read as a repair."""
+    low, high = key_range
+    types = spec.key_types[:1]
+    if low is None or high is None or types[0] == "text":
+        # text is ordered by the database's collation, which Python does not know
+        return
+    first, last = (decode_key([str(v)], types)[0] for v in (low, high))
+    if first > last:  # type: ignore[operator]
+        raise InvalidArgument(
+            f"{spec.name}: the key range from {low} to {high} is empty (its low end is above "
+            "its high end)"
+        )
 
 
 def _in_range(spec: CounterSpec, part: str, key_range: KeyRange) -> bool:

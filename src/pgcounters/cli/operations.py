@@ -4,6 +4,7 @@ the worker, status, wake-ups, and the flush of the Redis buffer."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any
 
@@ -155,16 +156,29 @@ def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
     return EXIT_OK
 
 
+class _StopServing(Exception):
+    """Raised by SIGTERM in the status server's loop."""
+
+
+def _stop_serving(signum: int, frame: object) -> None:
+    raise _StopServing
+
+
 def _cmd_status(args: argparse.Namespace, dsn: str) -> int:
     from pgcounters import status
 
     if args.serve is not None:
-        server = status.make_server(dsn, args.bind, args.serve)
+        server = status.make_server(dsn, args.bind or "127.0.0.1", args.serve)
         host, port = server.server_address[:2]
         print(f"serving /metrics, /status.json and / on http://{host!s}:{port}", flush=True)
+        # SIGTERM (a service manager's stop) ends it cleanly; Ctrl-C is an interruption
+        previous = signal.signal(signal.SIGTERM, _stop_serving)
         try:
             server.serve_forever()
+        except _StopServing:
+            print("stopped", flush=True)
         finally:
+            signal.signal(signal.SIGTERM, previous)
             server.server_close()
         return EXIT_OK
     with connect(dsn) as conn:
@@ -178,12 +192,24 @@ def _cmd_status(args: argparse.Namespace, dsn: str) -> int:
     return EXIT_OK
 
 
+def _check_status(args: argparse.Namespace) -> str | None:
+    if args.bind is not None and args.serve is None:
+        return "--bind is the address of --serve: give --serve PORT too"
+    return None
+
+
+def _check_wakeup(args: argparse.Namespace) -> str | None:
+    if args.interval is not None and args.state != "on":
+        return f"--interval applies to `wakeup on`, not to `wakeup {args.state}`"
+    return None
+
+
 def _cmd_wakeup(args: argparse.Namespace, dsn: str) -> int:
     from pgcounters.worker import disable_wakeups, enable_wakeups, wakeup_interval
 
     with connect(dsn) as conn:
         if args.state == "on":
-            enable_wakeups(conn, args.interval)
+            enable_wakeups(conn, 0.1 if args.interval is None else args.interval)
         elif args.state == "off":
             disable_wakeups(conn)
         seconds = wakeup_interval(conn)
@@ -196,7 +222,6 @@ def _cmd_wakeup(args: argparse.Namespace, dsn: str) -> int:
 
 
 def _cmd_flush(args: argparse.Namespace, dsn: str) -> int:
-    import signal
     import threading
 
     from pgcounters.redis_buffer import RedisBuffer, describe, run_worker
@@ -312,14 +337,16 @@ def configure_operations(sub: Any) -> None:
         "--serve", type=port, metavar="PORT",
         help="serve /metrics (Prometheus), /status.json and / over HTTP",
     )  # fmt: skip
-    p.add_argument("--bind", default="127.0.0.1", help="address for --serve (default 127.0.0.1)")
+    p.add_argument("--bind", help="address for --serve (default 127.0.0.1)")
+    p.set_defaults(check=_check_status)
 
     p = add("wakeup", _cmd_wakeup, "turn worker wake-up notifications on or off")
     p.add_argument("state", nargs="?", choices=["on", "off", "show"], default="show")
     p.add_argument(
-        "--interval", type=positive_seconds, default=0.1, metavar="S",
-        help="at most one notification per S seconds (default 0.1)",
+        "--interval", type=positive_seconds, metavar="S",
+        help="with on: at most one notification per S seconds (default 0.1)",
     )  # fmt: skip
+    p.set_defaults(check=_check_wakeup)
 
     p = add("flush", _cmd_flush, "move increments buffered in Redis to PostgreSQL (exactly once)")
     p.add_argument("--redis-url", help="Redis URL (default: $PGCOUNTERS_REDIS_URL)")
