@@ -106,6 +106,9 @@ def test_roles_granted_at_version_19_write_direct_and_period_counters_after_the_
                 assert pc.get("comments_per_day", (20, DAY.date()), exact=False) == 0
                 conn.execute("SELECT pgcounters.take_direct_changes(100)")
                 assert conn.execute("SELECT pgcounters.drop_expired_buckets(10)").fetchone()
+                # the list of ids the triggers fold (version 29): every counter listed
+                listed = conn.execute("SELECT pgcounters.refresh_target_ids()").fetchone()
+                assert listed == (len(_upgrade_specs()),)
         edits = admin.execute("SELECT id, edits FROM article ORDER BY id").fetchall()
         assert edits == [(10, 2), (20, 0), (30, 0)]
         for spec in _upgrade_specs():

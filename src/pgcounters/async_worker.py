@@ -314,6 +314,13 @@ class AsyncWorker:
                 if conn.broken or conn.closed or isinstance(exc, SchemaError):
                     raise
                 self._core._retention_failed(exc)
+        if self._core._target_ids_due(full):
+            try:
+                await conn.execute(_ops("refresh_target_ids"))
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    raise
+                self._core._target_ids_failed(exc)
         self._core._end_round()
         return got, full, busy
 

@@ -25,6 +25,7 @@ whatever delivered the trigger.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -486,6 +487,27 @@ def ensure_target_call(spec: CounterSpec) -> sql.Composed:
     return sql.SQL("pgcounters.{}({})").format(sql.SQL(function), sql.SQL(", ").join(args))
 
 
+def target_identity(spec: CounterSpec) -> str:
+    """The counter's identity as ``pgcounters._target_identity`` writes it: the JSON text
+    of everything ``ensure_target`` compares (jsonb's spelling: ", " between items)."""
+    t = spec.target
+    where: list[str | None] = [None, None, None, None]
+    if isinstance(t, ColumnTarget):
+        where = [t.table.schema, t.table.name, t.column, t.key_column]
+    return json.dumps([spec.name, list(spec.key_types), spec.mode, *where], ensure_ascii=False)
+
+
+def target_id_expr(spec: CounterSpec) -> sql.Composed:
+    """What a trigger assigns to its target id: the id listed for the counter's identity,
+    which PostgreSQL folds into the statement's plan, or ``ensure_target`` when it is not
+    listed (decimal counters always call ``ensure_decimal_target``)."""
+    if spec.scale is not None:
+        return ensure_target_call(spec)
+    return sql.SQL("coalesce(pgcounters._target_id({}), {})").format(
+        sql.Literal(target_identity(spec)), ensure_target_call(spec)
+    )
+
+
 def _net(spec: CounterSpec, event: Event, *, typed: bool) -> sql.Composed:
     """``SELECT key, delta`` of the statement's net change per key, zero deltas left out."""
     old = sql.Identifier(OLD_TABLE)
@@ -581,7 +603,7 @@ def compile_trigger(spec: CounterSpec, event: Event) -> CompiledTrigger:
     else:
         extra, apply = _apply(spec, event)
         declare += [("_pgc_target", "integer"), *extra]
-        body = sql.SQL("    _pgc_target := {};\n    {}").format(ensure_target_call(spec), apply)
+        body = sql.SQL("    _pgc_target := {};\n    {}").format(target_id_expr(spec), apply)
         if spec.via:  # the path's rows this statement's rows count through, held first
             relations = {
                 "insert": [NEW_TABLE],
@@ -884,7 +906,7 @@ def compile_via_trigger(spec: CounterSpec, step: int, event: Event) -> CompiledT
                 declare.append(("_pgc_moved", "bigint"))
         body = (
             path_locks(spec, step, relations)
-            + sql.SQL("    _pgc_target := {};\n    ").format(ensure_target_call(spec))
+            + sql.SQL("    _pgc_target := {};\n    ").format(target_id_expr(spec))
             + apply
         )
     if base == "update":
@@ -961,7 +983,7 @@ def compile_via_key_trigger(spec: CounterSpec, step: int) -> CompiledTrigger:
     ).format(
         name=sql.Literal(spec.name),
         locks=path_locks(spec, step, [old, new]),
-        target=ensure_target_call(spec),
+        target=target_id_expr(spec),
         queue=sql.Identifier("pgcounters", queue),
         net=_moved_net(spec, step, old, new, False),
         setting=setting,

@@ -301,6 +301,7 @@ def install(conn: Conn, specs: Iterable[CounterSpec], *, backfill: bool = True) 
                 backfills.request(conn, spec)
                 changed.append(spec.name)
             follow(conn, spec.name)
+        conn.execute(query("refresh_target_ids"))
     if backfill and changed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         backfills.run(conn, changed)
     return [spec.name for spec in chosen]

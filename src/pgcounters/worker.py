@@ -188,6 +188,9 @@ RETENTION_EVERY = 60.0
 """Seconds between two deletions of values of periods no longer kept (counters per period)."""
 RETENTION_LIMIT = 10_000
 """The most values one deletion takes (a call that takes as many is followed by another)."""
+TARGET_IDS_EVERY = 10.0
+"""Seconds between two refreshes of the ids listed for the counters' triggers (a counter
+created by its first write is listed at the next one)."""
 STOP_TAKES = 100
 """A stopping worker reports the direct-mode changes committed so far in at most this many
 takes of a batch each."""
@@ -253,6 +256,8 @@ class Worker:
         # role turns out unable to run it
         self._retention_at = 0.0
         self._retention = True
+        # when (monotonic) the ids listed for the counters' triggers are refreshed next
+        self._target_ids_at = 0.0
 
     # -- public -------------------------------------------------------------
 
@@ -556,10 +561,35 @@ class Worker:
                 if conn.broken or conn.closed or isinstance(exc, SchemaError):
                     raise
                 self._retention_failed(exc)
+        if self._target_ids_due(full):
+            try:
+                conn.execute(_ops("refresh_target_ids"))
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    raise
+                self._target_ids_failed(exc)
         if self._notifier.notify:
             self._notifier.flush(conn)  # changes held back by the rate limit, once due
         self._end_round()
         return got, full, busy
+
+    def _target_ids_due(self, full: bool) -> bool:
+        """Whether this round refreshes the ids listed for the counters' triggers: once
+        every ``TARGET_IDS_EVERY`` seconds, between full batches. Taking the next time now
+        means a failed refresh is tried again then, as a done one."""
+        now = time.monotonic()
+        if full or self._stop.is_set() or now < self._target_ids_at:
+            return False
+        self._target_ids_at = now + TARGET_IDS_EVERY
+        return True
+
+    def _target_ids_failed(self, exc: Exception) -> None:
+        """A refresh failed (a standby, a statement timeout...): the triggers of counters
+        not listed look their ids up, as before; the drain goes on."""
+        logger.warning(
+            "refreshing the counters' ids for their triggers failed, retrying in %gs: %s",
+            TARGET_IDS_EVERY, str(exc).strip() or exc,
+        )  # fmt: skip
 
     def _retention_due(self, full: bool) -> bool:
         """Whether this round deletes values of periods no longer kept: once every

@@ -7,6 +7,12 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false),
        set_config('default_transaction_isolation', 'read committed', false);
 
+-- name: refresh_target_ids
+-- A worker's refresh of the ids listed for the counters' triggers: at once or not at all
+-- (another transaction writing the list is not waited for).
+SELECT pgcounters.refresh_target_ids(false)
+ WHERE pg_catalog.has_function_privilege('pgcounters.refresh_target_ids(boolean)', 'EXECUTE');
+
 -- name: queues_holding
 -- Which queues hold a delta (the first id by the primary key: dead rows of drained
 -- batches are not read one by one). A worker drains only those: an empty queue costs

@@ -26,6 +26,11 @@ SELECT pg_advisory_xact_lock(hashtext('pgcounters.install'));
 -- the value of one function call composed by the caller (ensure_target of a spec)
 SELECT {call};
 
+-- name: refresh_target_ids
+-- list the counters' ids for their triggers (a role without the right leaves it to a worker)
+SELECT pgcounters.refresh_target_ids()
+ WHERE pg_catalog.has_function_privilege('pgcounters.refresh_target_ids(boolean)', 'EXECUTE');
+
 -- name: explain
 -- the plan of a statement composed by the caller (planning checks what it reads exists)
 EXPLAIN {statement};

@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 28
+-- version: 29
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -288,6 +288,9 @@ BEGIN
     DELETE FROM pgcounters.counters WHERE target_id = v_id;
     DELETE FROM pgcounters.queue WHERE target_id = v_id;
     DELETE FROM pgcounters.queue_unlogged WHERE target_id = v_id;
+    -- the triggers that named its id stop doing so when this commits (version 29); the
+    -- list's lock is taken last, after the drainers' locks
+    PERFORM pgcounters.refresh_target_ids();
     RETURN true;
 END;
 $$;
@@ -4604,6 +4607,75 @@ LANGUAGE sql AS $$
            || pgcounters._grant_worker_direct_changes(p_role)
            || pgcounters._grant_worker_buckets(p_role)
            || pgcounters._grant_worker_read_tables(p_role)
+           || pgcounters._grant_worker_target_ids(p_role)
+$$;
+
+
+-- =============================================================================
+-- Folded target ids (version 29): a counter's trigger finds its counter's id in
+-- the body of _target_id, folded into the trigger's plan; see
+-- migrations/0029_folded_target_ids.sql.
+-- =============================================================================
+
+-- The identity of an integer counter as its triggers name it: everything ensure_target
+-- compares, as JSON text (a name holding any character stays one identity).
+CREATE FUNCTION pgcounters._target_identity(
+    p_name text, p_key_types text[], p_mode text, p_schema text, p_table text, p_column text,
+    p_key_column text
+) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT pg_catalog.jsonb_build_array(p_name, p_key_types, p_mode, p_schema, p_table,
+                                        p_column, p_key_column)::text
+$$;
+
+-- The id of the counter of an identity, NULL when it is not listed. refresh_target_ids
+-- writes its body; nothing else may.
+CREATE FUNCTION pgcounters._target_id(p_identity text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT ('{}'::jsonb ->> p_identity)::integer $$;
+
+-- List the ids of every integer counter in _target_id. p_wait false: return NULL at once
+-- when another transaction is writing the list. Returns how many counters are listed.
+-- Outside read committed (a snapshot taken before the lock could hold a counter dropped
+-- since) it lists none: every trigger then looks its counter up, as before version 29.
+CREATE FUNCTION pgcounters.refresh_target_ids(p_wait boolean DEFAULT true) RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pgcounters, pg_temp AS $$
+DECLARE
+    v_ids jsonb := '{}';
+    v_count integer := 0;
+    v_body text;
+BEGIN
+    IF p_wait THEN
+        PERFORM pg_advisory_xact_lock(hashtext('pgcounters.target_ids'), 0);
+    ELSIF NOT pg_try_advisory_xact_lock(hashtext('pgcounters.target_ids'), 0) THEN
+        RETURN NULL;
+    END IF;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        SELECT coalesce(jsonb_object_agg(pgcounters._target_identity(t.name, t.key_types,
+                            t.mode, t.target_schema, t.target_table, t.target_column,
+                            t.target_key_column), t.id), '{}'),
+               count(*)
+          INTO v_ids, v_count
+          FROM pgcounters.targets AS t
+         WHERE t.scale IS NULL;
+    END IF;
+    v_body := format(' SELECT (%L::jsonb ->> p_identity)::integer ', v_ids::text);
+    -- an unchanged list is not written again: each write makes every session plan the
+    -- counters' triggers again
+    IF v_body IS DISTINCT FROM (SELECT p.prosrc FROM pg_proc AS p
+                                 WHERE p.oid = 'pgcounters._target_id(text)'::regprocedure) THEN
+        EXECUTE format('CREATE OR REPLACE FUNCTION pgcounters._target_id(p_identity text) '
+                       'RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L', v_body);
+    END IF;
+    RETURN v_count;
+END;
+$$;
+
+-- The worker's right to refresh the list (part of grant_worker).
+CREATE FUNCTION pgcounters._grant_worker_target_ids(p_role text) RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT pgcounters._for_role(p_role, ARRAY[
+        'GRANT EXECUTE ON FUNCTION pgcounters.refresh_target_ids(boolean) TO %I'])
 $$;
 
 
@@ -4636,3 +4708,9 @@ GRANT SELECT ON pgcounters.backfills TO PUBLIC;
 
 -- ...and be told so by an exact read of one.
 GRANT EXECUTE ON FUNCTION pgcounters._backfilling(integer) TO PUBLIC;
+
+-- Every trigger of a counted table calls _target_id as the role writing the table,
+-- whoever granted that role its rights: a write must never fail for want of this right.
+-- It reads no table and returns ids only for identities a caller already knows; USAGE
+-- on the schema still gates it.
+GRANT EXECUTE ON FUNCTION pgcounters._target_id(text) TO PUBLIC;

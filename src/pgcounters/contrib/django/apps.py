@@ -87,6 +87,7 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
                 record(conn, spec)
                 if before.get(spec.name) != spec.fingerprint or spec.name not in live_before:
                     backfill.request(conn, spec)
+            conn.execute(query("refresh_target_ids"))
             chosen = replica_writes()
             for name, current in conn.execute(query("replica_writes_choices")).fetchall():
                 wanted = chosen.get(name)

@@ -153,6 +153,7 @@ def create_statements(spec: CounterSpec, *, backfill: bool = True) -> list[str]:
             },
         ),
         render(sqlfiles.query("follow_descendants"), {"name": spec.name, "apply": True}),
+        sqlfiles.query("refresh_target_ids").rstrip().rstrip(";"),
     ]
     if backfill:
         statements += backfill_statements(spec)
