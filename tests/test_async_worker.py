@@ -46,12 +46,14 @@ def test_the_worker_drains_beside_the_application_in_its_loop(dsn: str, conn: Co
             # it lists the counters' ids for the triggers of declared counters, as the sync
             # worker does
             await until(
-                lambda: conn.execute(
-                    "SELECT pgcounters._target_id(pgcounters._target_identity('views',"
-                    " '{bigint}', 'queued', NULL, NULL, NULL, NULL))"
-                    " = (SELECT id FROM pgcounters.targets WHERE name = 'views')"
-                ).fetchone()
-                == (True,),
+                lambda: (
+                    conn.execute(
+                        "SELECT pgcounters._target_id(pgcounters._target_identity('views',"
+                        " '{bigint}', 'queued', NULL, NULL, NULL, NULL))"
+                        " = (SELECT id FROM pgcounters.targets WHERE name = 'views')"
+                    ).fetchone()
+                    == (True,)
+                ),
                 "the counter listed",
             )
         stats = worker.get_stats()

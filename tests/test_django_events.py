@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from blog.models import Article
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.db import transaction
 from django.test import Client, override_settings
@@ -88,6 +89,27 @@ def test_bad_input_raises_in_the_request() -> None:
             events.count_event(VIEWS, "one")
     with override_settings(PGCOUNTERS_EVENTS="sometimes"), pytest.raises(ConfigurationError):
         events.count_event(VIEWS, 1)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"PGCOUNTERS_EVENTS": "batching", "PGCOUNTERS_BATCHING": {"max_pendin": 3}},
+         "PGCOUNTERS_BATCHING: unknown option 'max_pendin'"),
+        ({"PGCOUNTERS_EVENTS": "batching", "PGCOUNTERS_BATCHING": {"max_pending": 0}},
+         "PGCOUNTERS_BATCHING: "),
+        ({"PGCOUNTERS_EVENTS": "batching", "PGCOUNTERS_BATCHING": [("interval", 1)]},
+         "PGCOUNTERS_BATCHING must be a dict"),
+        ({"PGCOUNTERS_EVENTS": "redis", "PGCOUNTERS_REDIS_FALLBACK": "bogus"},
+         'PGCOUNTERS_REDIS_FALLBACK must be "raise" or "database"'),
+    ],
+)  # fmt: skip
+def test_a_wrong_event_setting_is_a_settings_error(
+    settings: dict[str, object], message: str
+) -> None:
+    with override_settings(**settings), pytest.raises(ImproperlyConfigured, match=message):
+        events.count_event(VIEWS, 10**9 + 4)
+    assert db_value(10**9 + 4) == 0
 
 
 def test_flush_arguments_come_from_the_settings() -> None:

@@ -226,9 +226,36 @@ def test_middleware_limits_configured_paths(
         "ip": "198.51.100.7",
         "user_agent": None,
     }
+    # a request that did not come through the proxy (no X-Forwarded-For) is limited by its
+    # peer's address: leaving the entry out must not escape the limit
+    direct = [middleware(request(rf, "/api/items")).status_code for _ in range(3)]
+    assert direct == [200, 200, 429]
+    assert subjects(quotas, "site") == {"ip:198.51.100.7": 3, "ip:127.0.0.1": 3}
     settings.PGCOUNTERS_RATELIMIT_KEY = "nonsense"
     with pytest.raises(ImproperlyConfigured, match="invalid rate-limit key"):
         middleware(request(rf, "/api/items"))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("IP_META", None, "IP_META must name the request.META entry"),
+        ("IP_META", "", "IP_META must name the request.META entry"),
+        ("SYNCHRONOUS_COMMIT", "no", "SYNCHRONOUS_COMMIT must be True or False, got 'no'"),
+        ("LOG_DETAILS", 1, "LOG_DETAILS must be True or False, got 1"),
+        ("SLIDING", "yes", "PGCOUNTERS_RATELIMIT_SLIDING must be True or False, got 'yes'"),
+        ("RESPONSE", "no.such.func", "PGCOUNTERS_RATELIMIT_RESPONSE: No module named 'no'"),
+    ],
+)
+def test_a_wrong_middleware_setting_is_a_settings_error(
+    quotas: Quotas, settings: SettingsWrapper, name: str, value: object, message: str
+) -> None:
+    settings.PGCOUNTERS_RATELIMIT_QUOTA = "site"
+    settings.PGCOUNTERS_RATELIMIT_RATE = "3/minute"
+    setattr(settings, f"PGCOUNTERS_RATELIMIT_{name}", value)
+    with pytest.raises(ImproperlyConfigured, match=message):
+        RateLimitMiddleware(ok)
+    assert quotas.quotas() == []
 
 
 def test_unknown_quota_and_bad_key_are_errors(quotas: Quotas, rf: RequestFactory) -> None:

@@ -12,7 +12,7 @@ import pytest
 from pgcounters import Counters
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import InvalidKey
+from pgcounters.errors import InvalidKey, UnknownCounter
 from pgcounters.keys import BIGINT_MAX
 
 ENQUEUE = "INSERT INTO pgcounters.{} (target_id, key, delta) VALUES (%s, %s, %s)"
@@ -139,6 +139,85 @@ def test_increments_of_a_long_lived_client_to_a_dropped_and_recreated_counter_ar
     assert conn.execute("SELECT pgcounters.replay_quarantined(NULL, 'visits')").fetchone() == (5,)
     pc.drain()
     assert pc.get("visits") == 12
+
+
+def test_a_dropped_counters_deltas_stay_set_aside_until_it_is_declared_again(
+    dsn: str, conn: Conn, pc: Counters, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replayed before the counter was declared again, they went back to the queue, the
+    replay said so, and the next drain set them aside again: they stay set aside."""
+    from pgcounters import cli
+
+    pc.create_counter("g2", key=int)
+    with psycopg.connect(dsn, autocommit=True) as other:
+        long_lived = Counters(other)
+        long_lived.incr("g2", 1)  # caches the id
+        pc.drop_counter("g2")
+        long_lived.incr("g2", 1, 4)
+    assert pc.drain().quarantined == 1
+    code = cli.run(["--dsn", dsn, "quarantine", "replay", "--counter", "g2"])
+    out = capsys.readouterr().out
+    assert code == cli.EXIT_ERROR
+    assert "0 deltas moved back into their queues (the deltas of a dropped counter" in out
+    assert [row[:3] for row in quarantined(conn)] == [("g2", "{1}", 4)]
+    assert conn.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (0,)
+    pc.create_counter("g2", key=int)
+    assert cli.run(["--dsn", dsn, "quarantine", "replay", "--counter", "g2"]) == cli.EXIT_OK
+    assert quarantined(conn) == []
+    pc.drain()
+    assert pc.get("g2", 1) == 4
+
+
+def test_a_long_lived_clients_reads_follow_a_dropped_and_recreated_counter(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    """A client that cached a counter's id read the dropped counter's leftovers (0, or
+    its own increments still queued for the old id) instead of the counter of that name:
+    its reads now find the counter again, or are told it is gone, as a new client's."""
+    pc.create_counter("g2", key=int)
+    pc.create_counter("n", key=int)
+    conn.execute("CREATE TABLE post (id bigint PRIMARY KEY, hits bigint NOT NULL DEFAULT 0)")
+    conn.execute("INSERT INTO post VALUES (1)")
+    pc.create_column_counter("post.hits", "post", "hits")
+    with psycopg.connect(dsn, autocommit=True) as other:
+        old = Counters(other)
+        old.incr("g2", 1, 1)  # caches the ids
+        old.incr("post.hits", 1, 2)
+        assert (old.get("g2", 1), old.get("post.hits", 1), old.get("n", 1)) == (1, 2, 0)
+        assert old.top("g2", 3) == []
+        pc.drop_counter("g2")
+        pc.drop_counter("n")
+        pc.drop_counter("post.hits")
+        for read in (
+            lambda: old.get("g2", 1),
+            lambda: old.get("g2", 1, exact=False),
+            lambda: old.get_many("g2", [1, 2]),
+            lambda: old.get_many("n", [1], exact=False),
+            lambda: old.top("g2", 3),
+            lambda: old.get("post.hits", 1),
+        ):
+            with pytest.raises(UnknownCounter):
+                read()
+        pc.create_counter("g2", key=int)
+        pc.create_counter("n", key=int)
+        old.incr("g2", 1, 0)  # caches the new id
+        pc.drop_counter("g2")
+        pc.create_counter("g2", key=int)
+        pc.incr("g2", 1, 100)
+        old.get_many("n", [1])  # caches n's new id
+        pc.drop_counter("n")
+        pc.create_counter("n", key=int)
+        pc.incr("n", 1, 7)
+        assert old.get("g2", 1) == 100
+        assert old.get_many("n", [1, 2]) == [7, 0]
+        pc.drain()
+        old.incr("g2", 2, 0)
+        pc.drop_counter("g2")
+        pc.create_counter("g2", key=int)
+        pc.incr("g2", 5, 9)
+        pc.drain()
+        assert old.top("g2", 3) == [((5,), 9)]
+        assert old.get("g2", 5, exact=False) == 9
 
 
 def test_status_prometheus_and_the_cli_show_list_replay_and_discard(

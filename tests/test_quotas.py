@@ -276,8 +276,13 @@ def test_overlapping_limits_are_refused(quotas: Quotas, conn: Conn) -> None:
     with pytest.raises(OverlappingQuotaLimits, match="overlaps the existing limit") as info:
         quotas.set_limit("q", "s", 20, valid_from=feb, valid_until=apr)
     assert "2026-01-01" in str(info.value)
-    with pytest.raises(OverlappingQuotaLimits):
+    with pytest.raises(OverlappingQuotaLimits) as unbounded:
         quotas.set_limit("q", "s", 20)  # unbounded overlaps everything
+    # both ranges as the command line prints them (PostgreSQL's own text is "(,)")
+    assert (
+        "the limit [-inf, inf) of quota q for subject 's' overlaps the existing limit [2026-01-01"
+        in str(unbounded.value)
+    )
     with pytest.raises(InvalidQuotaLimit):  # OverlappingQuotaLimits is an InvalidQuotaLimit
         quotas.set_limit("q", "s", 20, valid_until=feb)
     assert len(quotas.limits("q")) == 1

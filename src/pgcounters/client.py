@@ -544,7 +544,9 @@ class _CounterPlans:
         counter = yield from self._counter(name)
         return value_of(counter.scale or 0, (yield from self._get_units(counter, key, exact)))
 
-    def _get_units(self, counter: Counter, key: object, exact: bool) -> Plan[int]:
+    def _get_units(
+        self, counter: Counter, key: object, exact: bool, *, again: bool = True
+    ) -> Plan[int]:
         encoded = encode_key(key, counter.key_types, counter.name)
         params: dict[str, Any] = {"t": counter.id, "k": encoded}
         if counter.is_column:
@@ -554,7 +556,27 @@ class _CounterPlans:
         else:
             statement = yield from self._read_query(counter, "exact_named", "stored_named", exact)
             row = yield Execute(query(statement), params, "one", read=True)
-        return int(row[0]) if row else 0
+        if row is None or row[0] is None:
+            # the counter this client looked up was dropped since: read the one of that
+            # name now (re-created, or UnknownCounter), once
+            fresh = yield from self._looked_up_again(counter, again)
+            return (yield from self._get_units(fresh, key, exact, again=False))
+        return int(row[0])
+
+    def _looked_up_again(self, stale: Counter, again: bool) -> Plan[Counter]:
+        """The counter of ``stale``'s name, looked up again: its cached id named a counter
+        that no longer exists (dropped, maybe created again under the same name)."""
+        self._cache.pop(stale.name, None)
+        self._buckets.pop(stale.name, None)
+        if not again:
+            raise UnknownCounter(f"counter {stale.name!r} was dropped while it was read")
+        fresh = yield from self._counter(stale.name)
+        if fresh.scale != stale.scale:
+            raise InvalidCounterDefinition(
+                f"counter {stale.name!r} was created again with other values "
+                f"({'integers' if fresh.scale is None else f'{fresh.scale} decimal places'})"
+            )
+        return fresh
 
     def _get_many(self, name: str, keys: Iterable[object], exact: bool) -> Plan[list[int]]:
         """The values of one counter for many keys, in the order given, in one statement."""
@@ -571,7 +593,7 @@ class _CounterPlans:
         return [value_of(scale, v) for v in units]
 
     def _get_many_units(
-        self, counter: Counter, keys: Iterable[object], exact: bool
+        self, counter: Counter, keys: Iterable[object], exact: bool, *, again: bool = True
     ) -> Plan[list[int]]:
         key_list = list(keys)
         encoded = [encode_key(k, counter.key_types, counter.name) for k in key_list]
@@ -590,8 +612,11 @@ class _CounterPlans:
         rows = yield Execute(
             query(statement), {"t": counter.id, "keys": json.dumps(encoded)}, "all", read=True
         )
-        values: dict[int, int] = dict(rows)
-        return [int(values[i]) for i in range(1, len(encoded) + 1)]
+        values: dict[int, int | None] = dict(rows)
+        if any(v is None for v in values.values()):  # dropped since it was looked up
+            fresh = yield from self._looked_up_again(counter, again)
+            return (yield from self._get_many_units(fresh, key_list, exact, again=False))
+        return [int(values[i] or 0) for i in range(1, len(encoded) + 1)]
 
     def _top(self, name: str, n: int) -> Plan[list[tuple[Key, int]]]:
         """The ``n`` keys with the highest stored values, highest first.
@@ -618,6 +643,13 @@ class _CounterPlans:
             rows = yield Execute(counter.composed("top_column"), {"n": n}, "all", read=True)
             return [(decode_key([str(k)], counter.key_types), int(v or 0)) for k, v in rows]
         rows = yield Execute(query("top_named"), {"t": counter.id, "n": n}, "all", read=True)
+        if not rows and n:
+            # an empty counter, or one dropped since this client looked it up
+            alive = yield Execute(query("target_exists"), {"t": counter.id}, "one", read=True)
+            if not (alive and alive[0]):
+                fresh = yield from self._looked_up_again(counter, True)
+                rows = yield Execute(query("top_named"), {"t": fresh.id, "n": n}, "all", read=True)
+                counter = fresh
         return [(decode_key(k, counter.key_types), int(v)) for k, v in rows]
 
     # -- counters per period ---------------------------------------------------

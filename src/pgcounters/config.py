@@ -71,14 +71,18 @@ def database(
     if dsn:
         yield dsn
         return
-    from pgcounters.embedded import running
+    from pgcounters.embedded import EmbeddedPostgres, running
 
     folder = data_dir(data)
     if not quiet:
         # a notice, on stderr: stdout stays the command's output (e.g. one JSON object)
+        what = (
+            "using the embedded PostgreSQL server already running (left running)"
+            if EmbeddedPostgres(folder).is_running()
+            else "starting the embedded PostgreSQL server"
+        )
         print(
-            "pgcounters: no --dsn, PGCOUNTERS_DSN or DATABASE_URL: starting the embedded "
-            f"PostgreSQL server, its data in {folder}",
+            f"pgcounters: no --dsn, PGCOUNTERS_DSN or DATABASE_URL: {what}, its data in {folder}",
             file=sys.stderr,
             flush=True,
         )

@@ -99,6 +99,15 @@ class EmbeddedPostgres:
             raise EmbeddedPostgresError("the embedded PostgreSQL is not running")
         return f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={dbname}"
 
+    def is_running(self) -> bool:
+        """Whether a server runs on this data directory (this handle's or another's)."""
+        return self._running_port() is not None
+
+    @property
+    def started_here(self) -> bool:
+        """Whether :meth:`start` started the server (not adopted a running one)."""
+        return self._started_here
+
     def start(self) -> str:
         """Initialise the data directory if needed, start (or adopt) the server; return a DSN."""
         if self._as_user:
@@ -324,7 +333,9 @@ class EmbeddedPostgres:
 
 @contextlib.contextmanager
 def running(data_dir: Path | str, **kwargs: object) -> Iterator[EmbeddedPostgres]:
-    """Start an embedded server for the duration of a ``with`` block; stop it on exit and Ctrl-C."""
+    """Start an embedded server for the duration of a ``with`` block; stop it on exit and
+    Ctrl-C. A server already running on the data directory (``pgcounters server`` in another
+    terminal, say) is used and left running: it is its starter's to stop."""
     server = EmbeddedPostgres(data_dir, **kwargs)  # type: ignore[arg-type]
     previous = signal.getsignal(signal.SIGTERM)
 
@@ -337,6 +348,7 @@ def running(data_dir: Path | str, **kwargs: object) -> Iterator[EmbeddedPostgres
         server.start()
         yield server
     finally:
-        server.stop()
+        if server.started_here:
+            server.stop()
         with contextlib.suppress(ValueError):
             signal.signal(signal.SIGTERM, previous)

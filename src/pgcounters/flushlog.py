@@ -26,6 +26,7 @@ from pgcounters.errors import (
     ConfigurationError,
     ConnectionFailed,
     InvalidCounterDefinition,
+    UnknownCounter,
 )
 from pgcounters.keys import decode_key
 from pgcounters.plans import Connection, ConnState, Copy, Execute, Plan, Transaction
@@ -296,4 +297,6 @@ def exact_with_flushes_plan(
     )
     row = yield Execute(statement, params, "one")
     assert row is not None
+    if row[0] is None:  # its id outlived it
+        raise UnknownCounter(f"counter {counter.name!r} was dropped")
     return int(row[0]), set(row[1] or ())

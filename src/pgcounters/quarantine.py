@@ -80,7 +80,8 @@ def replay(
     Choose them by ``ids``, by ``counter`` name (deltas of a counter that was dropped
     and re-created under that name go to the counter of that name now), or
     ``everything``. Replay after fixing the cause: a delta that still cannot be
-    applied is set aside again by the next drain.
+    applied is set aside again by the next drain. The deltas of a counter that was
+    dropped and not declared again are not moved: they stay set aside until it is.
     """
     return _apply(conn, "quarantine_replay", _selection(ids, counter, everything))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 from typing import Any
 
 from pgcounters import __version__, schema, sqlfiles
@@ -156,30 +157,29 @@ def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
     return EXIT_OK
 
 
-class _StopServing(Exception):
-    """Raised by SIGTERM in the status server's loop."""
-
-
-def _stop_serving(signum: int, frame: object) -> None:
-    raise _StopServing
-
-
 def _cmd_status(args: argparse.Namespace, dsn: str) -> int:
     from pgcounters import status
 
     if args.serve is not None:
         server = status.make_server(dsn, args.bind or "127.0.0.1", args.serve)
         host, port = server.server_address[:2]
-        print(f"serving /metrics, /status.json and / on http://{host!s}:{port}", flush=True)
         # SIGTERM (a service manager's stop) ends it cleanly; Ctrl-C is an interruption
-        previous = signal.signal(signal.SIGTERM, _stop_serving)
+        stopped = threading.Event()
+
+        def stop_serving(signum: int, frame: object) -> None:
+            stopped.set()
+            # shutdown() waits for the loop this handler interrupted: from another thread
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        previous = signal.signal(signal.SIGTERM, stop_serving)
+        print(f"serving /metrics, /status.json and / on http://{host!s}:{port}", flush=True)
         try:
             server.serve_forever()
-        except _StopServing:
-            print("stopped", flush=True)
         finally:
             signal.signal(signal.SIGTERM, previous)
             server.server_close()
+        if stopped.is_set():
+            print("stopped", flush=True)
         return EXIT_OK
     with connect(dsn) as conn:
         snapshot = status.get_status(conn)
@@ -222,8 +222,6 @@ def _cmd_wakeup(args: argparse.Namespace, dsn: str) -> int:
 
 
 def _cmd_flush(args: argparse.Namespace, dsn: str) -> int:
-    import threading
-
     from pgcounters.redis_buffer import RedisBuffer, describe, run_worker
 
     with RedisBuffer(dsn, args.redis_url, name=args.buffer, prefix=args.prefix) as buf:

@@ -255,7 +255,13 @@ def _cmd_quarantine_replay(args: argparse.Namespace, dsn: str) -> int:
 
     with connect(dsn) as conn:
         n = replay(conn, **_quarantine_choice(args))
-    print(f"{n} deltas moved back into their queues")
+    hint = (
+        " (the deltas of a dropped counter stay set aside until a counter of its name is "
+        "declared again)"
+        if not n
+        else ""
+    )
+    print(f"{n} deltas moved back into their queues{hint}")
     return EXIT_OK if n else EXIT_ERROR
 
 

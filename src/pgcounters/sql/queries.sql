@@ -162,8 +162,10 @@ SELECT pgcounters.note_direct(%(target)s, ARRAY[%(key)s::text]);
 
 -- name: exact_named
 -- the exact value of one key of a named counter: stored + pending, from one snapshot
--- (refused while the counter is backfilled: pgcounters._backfilling)
-SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
+-- (refused while the counter is backfilled: pgcounters._backfilling; NULL when the
+-- counter no longer exists)
+SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
+            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
                          WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
@@ -178,7 +180,8 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
 -- on a hot standby: the logged queue only (a standby cannot plan a statement
 -- that names the unlogged queue, which is empty there); refused while the
 -- counter is backfilled, as on the primary
-SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
+SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
+            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
                          WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
@@ -188,14 +191,18 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: stored_named
--- the stored value of one key of a named counter (without pending deltas)
-SELECT coalesce((SELECT value FROM pgcounters.counters
-                  WHERE target_id = %(t)s AND key = %(k)s), 0);
+-- the stored value of one key of a named counter (without pending deltas); NULL when the
+-- counter no longer exists
+SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s)
+            THEN coalesce((SELECT value FROM pgcounters.counters
+                            WHERE target_id = %(t)s AND key = %(k)s), 0) END;
 
 -- name: exact_column
 -- the exact value of one row of a column counter: stored + pending, from one snapshot
--- (refused while the counter is backfilled: pgcounters._backfilling)
-SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
+-- (refused while the counter is backfilled: pgcounters._backfilling; NULL when the
+-- counter no longer exists)
+SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
+            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
                          WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
@@ -207,7 +214,8 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
 
 -- name: exact_column_logged
 -- on a hot standby: the exact value of one key of a column counter, from the logged queue
-SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
+SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
+            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                           JOIN pgcounters.targets AS g ON g.name = b.name
                          WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
@@ -216,14 +224,18 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
 
 -- name: stored_column
--- the stored value of one row of a column counter (without pending deltas)
-SELECT coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0);
+-- the stored value of one row of a column counter (without pending deltas); NULL when the
+-- counter no longer exists
+SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s)
+            THEN coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
+       END;
 
 -- name: exact_named_many
 -- the exact values of several keys of a named counter, in the order asked, from one snapshot
 -- (refused while the counter is backfilled: pgcounters._backfilling)
 SELECT w.ord,
-       CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
+       CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
+            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                            JOIN pgcounters.targets AS g ON g.name = b.name
                           WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
@@ -241,7 +253,8 @@ SELECT w.ord,
 -- name: exact_named_many_logged
 -- on a hot standby: the exact values of several keys of a named counter, from the logged queue
 SELECT w.ord,
-       CASE WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
+       CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
+            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
                            JOIN pgcounters.targets AS g ON g.name = b.name
                           WHERE g.id = %(t)s)
             THEN pgcounters._backfilling(%(t)s) ELSE
@@ -255,8 +268,10 @@ SELECT w.ord,
   LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
 
 -- name: stored_named_many
--- the stored values of several keys of a named counter, in the order asked
-SELECT w.ord, coalesce(c.value, 0)
+-- the stored values of several keys of a named counter, in the order asked (NULL when the
+-- counter no longer exists)
+SELECT w.ord, CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s)
+                   THEN coalesce(c.value, 0) END
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
@@ -264,7 +279,8 @@ SELECT w.ord, coalesce(c.value, 0)
   LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
 
 -- name: top_named
--- the n highest values of a named counter
+-- the n highest values of a named counter (none when the counter no longer exists: the
+-- caller tells an empty counter from a dropped one with target_exists)
 -- The band is monotonic in the value, so this order is ORDER BY value DESC, key;
 -- the index (target_id, band DESC) gives the bands from the top, an incremental
 -- sort orders each band, and the scan stops after the band holding the n-th row.
@@ -273,6 +289,10 @@ SELECT key, value
  WHERE target_id = %(t)s
  ORDER BY band DESC, value DESC, key
  LIMIT %(n)s;
+
+-- name: target_exists
+-- whether the counter of an id still exists (a client's cached id may outlive it)
+SELECT EXISTS (SELECT 1 FROM pgcounters.targets WHERE id = %(t)s);
 
 -- name: top_column
 -- the n highest values of a column counter

@@ -1930,6 +1930,10 @@ BEGIN
         DELETE FROM pgcounters.quarantine AS q
          WHERE (p_ids IS NULL OR q.id = ANY (p_ids))
            AND (p_counter IS NULL OR q.counter = p_counter)
+           -- a delta of a counter dropped and not declared again stays set aside: back
+           -- in the queue, the next drain would only set it aside again (version 29)
+           AND (EXISTS (SELECT 1 FROM pgcounters.targets AS t WHERE t.id = q.target_id)
+                OR EXISTS (SELECT 1 FROM pgcounters.targets AS t WHERE t.name = q.counter))
         RETURNING q.id, q.target_id, q.counter, q.key, q.delta, q.unlogged, q.created_at
     ), routed AS (
         SELECT k.id, coalesce(t.id, k.target_id) AS target_id, k.key, k.delta, k.unlogged,
@@ -3678,6 +3682,15 @@ BEGIN
 END;
 $$;
 
+-- A limit's time range as the command line prints it: -inf and inf for unbounded ends
+-- (PostgreSQL's own text of an unbounded range is "(,)").
+CREATE FUNCTION pgcounters._range_text(p_range tstzrange) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_range IS NULL THEN NULL
+                ELSE format('[%s, %s)', coalesce(lower(p_range)::text, '-inf'),
+                            coalesce(upper(p_range)::text, 'inf')) END
+$$;
+
 -- Give a subject a limit over [p_from, p_until) (NULL: unbounded). A range
 -- that overlaps another limit of the same quota and subject is refused
 -- (PCQ05) and nothing is written.
@@ -3714,7 +3727,8 @@ BEGIN
          WHERE quota_id = q.id AND subject = p_subject AND valid && v_range
          ORDER BY lower(valid) NULLS FIRST LIMIT 1;
         RAISE EXCEPTION 'the limit % of quota % for subject % overlaps the existing limit %',
-            v_range, p_quota, quote_literal(p_subject), coalesce(v_other::text, '(concurrent)')
+            pgcounters._range_text(v_range), p_quota, quote_literal(p_subject),
+            coalesce(pgcounters._range_text(v_other), '(concurrent)')
             USING ERRCODE = 'PCQ05';
     END;
     RETURN v_id;

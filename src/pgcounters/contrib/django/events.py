@@ -42,6 +42,7 @@ from pgcounters.batching import BatchingCounters
 from pgcounters.client import Counters
 from pgcounters.contrib.django.db import dsn, psycopg_connection
 from pgcounters.contrib.django.errors import SettingsError
+from pgcounters.errors import ConfigurationError
 from pgcounters.keys import check_delta
 
 EventPath = Literal["direct", "batching", "redis"]
@@ -63,12 +64,34 @@ def event_path() -> EventPath:
 
 def redis_options() -> dict[str, Any]:
     """The Redis buffer's settings: url (None = environment), name, prefix, fallback."""
+    fallback = getattr(settings, "PGCOUNTERS_REDIS_FALLBACK", "raise")
+    if fallback not in ("raise", "database"):
+        raise SettingsError(
+            f'PGCOUNTERS_REDIS_FALLBACK must be "raise" or "database", got {fallback!r}'
+        )
     return {
         "url": getattr(settings, "PGCOUNTERS_REDIS_URL", None) or None,
         "name": getattr(settings, "PGCOUNTERS_REDIS_BUFFER", "default"),
         "prefix": getattr(settings, "PGCOUNTERS_REDIS_PREFIX", "pgcounters"),
-        "fallback": getattr(settings, "PGCOUNTERS_REDIS_FALLBACK", "raise"),
+        "fallback": fallback,
     }
+
+
+def batching_options() -> dict[str, Any]:
+    """``PGCOUNTERS_BATCHING``: keyword arguments of ``BatchingCounters`` (its DSN aside)."""
+    import inspect
+
+    options = getattr(settings, "PGCOUNTERS_BATCHING", {})
+    if not isinstance(options, dict):
+        raise SettingsError(f"PGCOUNTERS_BATCHING must be a dict, got {options!r}")
+    known = set(inspect.signature(BatchingCounters).parameters) - {"dsn"}
+    unknown = sorted(str(k) for k in options if k not in known)
+    if unknown:
+        raise SettingsError(
+            f"PGCOUNTERS_BATCHING: unknown option {', '.join(map(repr, unknown))} "
+            f"(options: {', '.join(sorted(known))})"
+        )
+    return dict(options)
 
 
 def batcher(using: str = "default") -> BatchingCounters:
@@ -76,8 +99,10 @@ def batcher(using: str = "default") -> BatchingCounters:
     with _lock:
         found = _batchers.get(using)
         if found is None:
-            options = dict(getattr(settings, "PGCOUNTERS_BATCHING", {}))
-            found = BatchingCounters(dsn(using), **options)
+            try:
+                found = BatchingCounters(dsn(using), **batching_options())
+            except ConfigurationError as exc:
+                raise SettingsError(f"PGCOUNTERS_BATCHING: {exc}") from None
             _batchers[using] = found
         return found
 

@@ -105,14 +105,27 @@ class RateLimitSettings:
             raise SettingsError(f"{PREFIX}PATHS must be a list of path prefixes")
         response = get("RESPONSE", None)
         if isinstance(response, str):
-            response = import_string(response)
+            try:
+                response = import_string(response)
+            except ImportError as exc:
+                raise SettingsError(f"{PREFIX}RESPONSE: {exc}") from None
         if response is not None and not callable(response):
             raise SettingsError(f"{PREFIX}RESPONSE must be a callable or its dotted path")
         key = get("KEY", "user_or_ip")
         _check_key(key)
+        flags = {name: get(name, default) for name, default in _FLAGS.items()}
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise SettingsError(f"{PREFIX}{name} must be True or False, got {value!r}")
+        ip_meta = get("IP_META", "REMOTE_ADDR")
+        if not isinstance(ip_meta, str) or not ip_meta:
+            raise SettingsError(
+                f"{PREFIX}IP_META must name the request.META entry holding the client "
+                f"address (such as 'HTTP_X_REAL_IP'), got {ip_meta!r}"
+            )
         rate = get("RATE", None)
         try:
-            definition = None if rate is None else rate_definition(rate, get("SLIDING", False))
+            definition = None if rate is None else rate_definition(rate, flags["SLIDING"])
         except PgCountersError as exc:
             raise SettingsError(f"{PREFIX}RATE: {exc}") from None
         return cls(
@@ -122,12 +135,16 @@ class RateLimitSettings:
             paths=tuple(paths),
             methods=_methods(get("METHODS", None)),
             headers=headers,
-            ip_meta=str(get("IP_META", "REMOTE_ADDR")),
+            ip_meta=ip_meta,
             database=str(get("DATABASE", "default")),
-            synchronous_commit=bool(get("SYNCHRONOUS_COMMIT", True)),
+            synchronous_commit=flags["SYNCHRONOUS_COMMIT"],
             response=response,
-            log_details=bool(get("LOG_DETAILS", False)),
+            log_details=flags["LOG_DETAILS"],
         )
+
+
+# the settings that are True or False, with their defaults
+_FLAGS = {"SLIDING": False, "SYNCHRONOUS_COMMIT": True, "LOG_DETAILS": False}
 
 
 def rate_definition(rate: str, sliding: object = False) -> tuple[int, Window]:
@@ -176,12 +193,15 @@ def _check_key(key: object) -> None:
 
 
 def client_ip(request: HttpRequest, meta: str = "REMOTE_ADDR") -> str | None:
-    """The client address from ``request.META[meta]`` (the last of a comma-separated list)."""
-    value = request.META.get(meta)
-    if not value:
-        return None
-    last = str(value).split(",")[-1].strip()
-    return last or None
+    """The client address from ``request.META[meta]`` (the last of a comma-separated list),
+    else the peer's address (``REMOTE_ADDR``): a request that did not come through the
+    proxy setting ``meta`` is limited by where it came from, it does not escape the limit."""
+    for entry in (meta, "REMOTE_ADDR"):
+        value = request.META.get(entry)
+        last = str(value).split(",")[-1].strip() if value else ""
+        if last:
+            return last
+    return None
 
 
 def subject_for(request: HttpRequest, key: Key, config: RateLimitSettings) -> str | None:

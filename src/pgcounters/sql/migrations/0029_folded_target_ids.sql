@@ -1,4 +1,6 @@
--- Version 29: a counter's trigger finds its counter's id without a query.
+-- Version 29: a counter's trigger finds its counter's id without a query; a refused
+-- overlapping quota limit names both ranges readably; a replay leaves set aside the deltas
+-- of a counter that is not declared again.
 --
 -- Each trigger of a declared counter called ensure_target once per statement: a PL/pgSQL
 -- call and a lookup of pgcounters.targets by name, the largest part of what one queued
@@ -148,6 +150,101 @@ BEGIN
     LOOP
         PERFORM pgcounters._grant_worker_target_ids(r.rolname);
     END LOOP;
+END;
+$$;
+
+-- set_limit of version 3, its refusal of an overlapping limit written as the command line
+-- writes a limit's range ("[2026-01-01 00:00:00+00, inf)", not "(,)").
+-- A limit's time range as the command line prints it: -inf and inf for unbounded ends
+-- (PostgreSQL's own text of an unbounded range is "(,)").
+CREATE FUNCTION pgcounters._range_text(p_range tstzrange) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_range IS NULL THEN NULL
+                ELSE format('[%s, %s)', coalesce(lower(p_range)::text, '-inf'),
+                            coalesce(upper(p_range)::text, 'inf')) END
+$$;
+
+CREATE OR REPLACE FUNCTION pgcounters.set_limit(
+    p_quota text,
+    p_subject text,
+    p_calls bigint,
+    p_from timestamptz DEFAULT NULL,
+    p_until timestamptz DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    q pgcounters.quotas := pgcounters._quota(p_quota);
+    v_range tstzrange;
+    v_other tstzrange;
+    v_id bigint;
+BEGIN
+    PERFORM pgcounters._check_subject(p_subject);
+    IF p_calls IS NULL OR p_calls <= 0 THEN
+        RAISE EXCEPTION 'a limit of quota % must be a positive number of calls, got %',
+            p_quota, coalesce(p_calls::text, 'NULL') USING ERRCODE = 'PCQ04';
+    END IF;
+    IF p_from IS NOT NULL AND p_until IS NOT NULL AND p_until <= p_from THEN
+        RAISE EXCEPTION 'a limit must end after it starts, got [%, %)', p_from, p_until
+            USING ERRCODE = 'PCQ04';
+    END IF;
+    v_range := tstzrange(p_from, p_until, '[)');
+    BEGIN
+        INSERT INTO pgcounters.quota_limits (quota_id, subject, calls, valid)
+        VALUES (q.id, p_subject, p_calls, v_range)
+        RETURNING id INTO v_id;
+    EXCEPTION WHEN exclusion_violation THEN
+        SELECT valid INTO v_other FROM pgcounters.quota_limits
+         WHERE quota_id = q.id AND subject = p_subject AND valid && v_range
+         ORDER BY lower(valid) NULLS FIRST LIMIT 1;
+        RAISE EXCEPTION 'the limit % of quota % for subject % overlaps the existing limit %',
+            pgcounters._range_text(v_range), p_quota, quote_literal(p_subject),
+            coalesce(pgcounters._range_text(v_other), '(concurrent)')
+            USING ERRCODE = 'PCQ05';
+    END;
+    RETURN v_id;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION pgcounters._range_text(tstzrange) FROM PUBLIC;
+
+-- replay_quarantined of version 8, leaving set aside the deltas of a counter that was
+-- dropped and not declared again (they went back to the queue and were set aside again
+-- by the next drain, while the replay said they were moved back).
+CREATE OR REPLACE FUNCTION pgcounters.replay_quarantined(
+    p_ids bigint[] DEFAULT NULL, p_counter text DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    WITH taken AS (
+        DELETE FROM pgcounters.quarantine AS q
+         WHERE (p_ids IS NULL OR q.id = ANY (p_ids))
+           AND (p_counter IS NULL OR q.counter = p_counter)
+           -- a delta of a counter dropped and not declared again stays set aside: back
+           -- in the queue, the next drain would only set it aside again (version 29)
+           AND (EXISTS (SELECT 1 FROM pgcounters.targets AS t WHERE t.id = q.target_id)
+                OR EXISTS (SELECT 1 FROM pgcounters.targets AS t WHERE t.name = q.counter))
+        RETURNING q.id, q.target_id, q.counter, q.key, q.delta, q.unlogged, q.created_at
+    ), routed AS (
+        SELECT k.id, coalesce(t.id, k.target_id) AS target_id, k.key, k.delta, k.unlogged,
+               k.created_at
+          FROM taken AS k
+          LEFT JOIN pgcounters.targets AS old ON old.id = k.target_id
+          LEFT JOIN pgcounters.targets AS t ON old.id IS NULL AND t.name = k.counter
+    ), logged AS (
+        INSERT INTO pgcounters.queue (target_id, key, delta, created_at)
+        SELECT r.target_id, r.key, r.delta, r.created_at FROM routed AS r
+         WHERE NOT r.unlogged ORDER BY r.id
+        RETURNING 1
+    ), unlogged AS (
+        INSERT INTO pgcounters.queue_unlogged (target_id, key, delta, created_at)
+        SELECT r.target_id, r.key, r.delta, r.created_at FROM routed AS r
+         WHERE r.unlogged ORDER BY r.id
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM logged) + (SELECT count(*) FROM unlogged) INTO v_n;
+    RETURN v_n;
 END;
 $$;
 
