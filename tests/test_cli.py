@@ -103,9 +103,13 @@ def test_a_failed_connection_says_why_in_one_line(capsys: pytest.CaptureFixture[
 def test_a_wakeup_interval_under_a_millisecond_is_refused(
     dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run(capsys, dsn, "wakeup", "on", "--interval", "0.0001")
-    assert code == 1
-    assert "between 1 ms and 1 hour" in err
+    # a usage error, before any connection, as for an interval of 0 (exit 2)
+    with pytest.raises(SystemExit) as usage:
+        run(capsys, dsn, "wakeup", "on", "--interval", "0.0001")
+    assert usage.value.code == cli.EXIT_USAGE
+    assert "--interval must be between 1 ms and 1 hour, got 0.0001 seconds" in (
+        capsys.readouterr().err
+    )
     assert run(capsys, dsn, "wakeup", "show")[1].startswith("wake-ups are off")
 
 

@@ -252,6 +252,29 @@ def test_a_many_to_many_counter_no_model_declares_goes_at_migrate(worker: Conn) 
     _judge(worker)
 
 
+def test_a_migrate_with_nothing_to_do_takes_no_lock_on_a_through_table(worker: Conn) -> None:
+    """migrate installed the triggers of the counters over automatic through tables again
+    every time, with the locks CREATE TRIGGER takes: a migrate with nothing to apply waited
+    for the application's writes of those tables, and deadlocked with them. It now installs
+    them only when they changed."""
+    _, stories, labels = _seed()
+    with psycopg.connect(dsn()) as app:
+        # an application's transaction that wrote the through table and is not done
+        app.execute(
+            "INSERT INTO press_story_labels (story_id, label_id) VALUES (%s, %s)",
+            (stories[0].pk, labels[3].pk),
+        )
+        with connection.cursor() as cur:
+            cur.execute("SET lock_timeout = '2s'")
+        try:
+            call_command("migrate", verbosity=0)
+        finally:
+            with connection.cursor() as cur:
+                cur.execute("RESET lock_timeout")
+        app.commit()
+    _judge(worker)
+
+
 # -- property: random sequences of ORM, bulk and raw-SQL writes -------------------------------
 
 ids = st.integers(min_value=0, max_value=5)

@@ -127,3 +127,97 @@ def test_renaming_a_counted_foreign_key_and_a_summed_field(tmp_path: Path, serve
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+KEYED = """
+from django.db import models
+
+from pgcounters.contrib.django import register_counter
+
+
+class Book(models.Model):
+    shelf_id = models.IntegerField()
+    genre = models.CharField(max_length=20, default="novel")
+
+
+per_shelf = register_counter("library.books.per_shelf", Book, keys=({keys}))
+"""
+
+
+def test_changing_a_named_counters_key_parts_recounts_it_and_writes_go_on(
+    tmp_path: Path, server_dsn: str
+) -> None:
+    """The counter's old values are keyed otherwise: ``migrate`` drops them and counts the
+    rows again under the new key. Before, it failed with "already exists with another
+    definition" and left triggers that refused every write to the counted table."""
+    name = f"rekey_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(server_dsn)
+    app = tmp_path / "library"
+    (app / "migrations").mkdir(parents=True)
+    (app / "__init__.py").write_text("")
+    (app / "migrations" / "__init__.py").write_text("")
+    (app / "models.py").write_text(KEYED.format(keys='"shelf_id",'))
+    (tmp_path / "libsettings.py").write_text(
+        SETTINGS.format(
+            name=name,
+            host=str(params.get("host", "")),
+            port=str(params.get("port", "")),
+            user=str(params.get("user", "")),
+        )
+    )
+    counter = "library.books.per_shelf"
+    try:
+        _manage(tmp_path, "makemigrations", "library", "--noinput")
+        _manage(tmp_path, "migrate", "--noinput")
+        params["dbname"] = name
+        with psycopg.connect(make_conninfo(**params), autocommit=True) as conn:  # type: ignore[arg-type]
+            conn.execute(
+                "INSERT INTO library_book (shelf_id, genre)"
+                " VALUES (1, 'novel'), (1, 'poem'), (2, 'novel')"
+            )
+            assert Counters(conn).get(counter, 1) == 2
+            (app / "models.py").write_text(KEYED.format(keys='"shelf_id", "genre"'))
+            _manage(tmp_path, "makemigrations", "library", "--noinput")
+            _manage(tmp_path, "migrate", "--noinput")
+            # the table takes writes, counted under the new key
+            conn.execute("INSERT INTO library_book (shelf_id, genre) VALUES (1, 'novel')")
+            pc = Counters(conn)
+            assert [pc.get(counter, k) for k in ((1, "novel"), (1, "poem"), (2, "novel"))] == [
+                2,
+                1,
+                1,
+            ]
+            assert verify(conn, counter).mismatches == []
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def test_a_declaration_that_does_not_compile_is_a_system_check_error(tmp_path: Path) -> None:
+    """It raised from the app's ready(), so every command (check, runserver, migrate) died
+    with a traceback; the system check now reports it, as the docs say."""
+    app = tmp_path / "library"
+    (app / "migrations").mkdir(parents=True)
+    (app / "__init__.py").write_text("")
+    (app / "migrations" / "__init__.py").write_text("")
+    (app / "models.py").write_text(
+        "from django.db import models\n"
+        "from pgcounters.contrib.django import CountField\n\n\n"
+        "class Shelf(models.Model):\n"
+        '    book_count = CountField("nothing")\n'
+    )
+    (tmp_path / "libsettings.py").write_text(
+        SETTINGS.format(name="unused", host="127.0.0.1", port="1", user="nobody")
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "DJANGO_SETTINGS_MODULE": "libsettings"}
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "(pgcounters.E001)" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -19,7 +19,7 @@ import truth
 from pgcounters import Counters, triggers
 from pgcounters.compiler import compile_spec, trigger_name
 from pgcounters.connection import Conn
-from pgcounters.errors import InvalidCounterDefinition, UnknownCounter
+from pgcounters.errors import CounterDefinitionConflict, InvalidCounterDefinition, UnknownCounter
 from pgcounters.repair import recount, verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, NamedTarget
 from support import tamper, wait_for_lock_wait
@@ -747,3 +747,98 @@ def test_a_counter_declared_again_over_another_table_leaves_the_old_one(
         f" FOR EACH STATEMENT EXECUTE FUNCTION pgcounters.{function}()"
     )
     assert [d.state for d in triggers.drift(conn)] == ["outdated"]
+
+
+def test_a_declared_counter_installed_again_with_other_key_parts_is_counted_again(
+    blog: Conn,
+) -> None:
+    """Its old values are keyed otherwise: the install drops them and the backfill counts
+    the rows under the new key (before, the install failed with "already exists with
+    another definition"). A counter made by hand under that name is not dropped."""
+    name = "blog.comments_by_article"
+    per_article = CounterSpec(
+        name=name, source="blog_comment", keys=("article_id",), target=NamedTarget(("bigint",))
+    )
+    triggers.install(blog, [per_article])
+    blog.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status)"
+        " VALUES (1, 1, 'public'), (1, 2, 'public'), (2, 1, 'public')"
+    )
+    pc = Counters(blog)
+    assert pc.get(name, 1) == 2
+    per_pair = CounterSpec(
+        name=name,
+        source="blog_comment",
+        keys=("article_id", "creator_id"),
+        target=NamedTarget(("bigint", "bigint")),
+    )
+    triggers.install(blog, [per_pair])
+    blog.execute(
+        "INSERT INTO blog_comment (article_id, creator_id, publish_status) VALUES (1, 1, 'x')"
+    )
+    pc = Counters(blog)
+    assert [pc.get(name, k) for k in ((1, 1), (1, 2), (2, 1))] == [2, 1, 1]
+    assert verify(blog, per_pair).mismatches == []
+    pc.create_counter("by_hand", key=int)
+    with pytest.raises(CounterDefinitionConflict, match="another definition"):
+        triggers.install(
+            blog, [CounterSpec(name="by_hand", source="blog_comment", target=NamedTarget(()))]
+        )
+    assert pc.get("by_hand", 1) == 0
+
+
+def test_direct_counters_of_one_table_with_other_conditions_never_deadlock(
+    blog: Conn, dsn: str
+) -> None:
+    """Two direct counter columns of one parent, with complementary conditions: each
+    counter locked only the parents of the rows it counts, so one statement writing a
+    public comment of article 1 and a private one of article 2 locked 1 then 2, another
+    writing them the other way round locked 2 then 1: deadlocks. Every direct counter of
+    the table now locks the parents of all the statement's rows, in key order."""
+    blog.execute("ALTER TABLE blog_article ADD COLUMN private_comments bigint NOT NULL DEFAULT 0")
+    private = Fragment("publish_status <> %s", ("public",))
+    specs = [
+        CounterSpec(name="blog.article.public_direct", source="blog_comment",
+                    keys=("article_id",), target=ColumnTarget("blog_article", "public_comments"),
+                    where=blog_schema.PUBLIC, mode="direct"),
+        CounterSpec(name="blog.article.private_direct", source="blog_comment",
+                    keys=("article_id",), target=ColumnTarget("blog_article", "private_comments"),
+                    where=private, mode="direct"),
+    ]  # fmt: skip
+    triggers.install(blog, specs)
+    deadlocks: list[str] = []
+    errors: list[BaseException] = []
+
+    def writer(first: int, second: int) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                for _ in range(150):
+                    try:
+                        # one statement, one transaction: a public comment of one article
+                        # and a private one of the other
+                        c.execute(
+                            "INSERT INTO blog_comment (article_id, creator_id, publish_status)"
+                            " VALUES (%s, 1, 'public'), (%s, 1, 'private')",
+                            (first, second),
+                        )
+                    except psycopg.errors.DeadlockDetected as exc:
+                        deadlocks.append(str(exc).splitlines()[0])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=args) for args in ((1, 2), (2, 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert deadlocks == []
+    rows = blog.execute(
+        "SELECT a.id, a.public_comments, a.private_comments,"
+        " (SELECT count(*) FROM blog_comment c WHERE c.article_id = a.id"
+        "   AND c.publish_status = 'public'),"
+        " (SELECT count(*) FROM blog_comment c WHERE c.article_id = a.id"
+        "   AND c.publish_status <> 'public')"
+        " FROM blog_article a WHERE a.id IN (1, 2) ORDER BY a.id"
+    ).fetchall()
+    assert rows == [(1, 150, 150, 150, 150), (2, 150, 150, 150, 150)]

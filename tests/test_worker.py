@@ -301,7 +301,9 @@ def test_the_wakeup_command(dsn: str, capsys: pytest.CaptureFixture[str]) -> Non
         cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "0"])
     assert usage.value.code == cli.EXIT_USAGE
     assert "--interval must be positive" in capsys.readouterr().err
-    assert cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "7200"]) == 1
+    with pytest.raises(SystemExit) as usage:
+        cli.run(["--dsn", dsn, "wakeup", "on", "--interval", "7200"])
+    assert usage.value.code == cli.EXIT_USAGE
     assert "between 1 ms and 1 hour" in capsys.readouterr().err
     assert cli.run(["--dsn", dsn, "wakeup", "off"]) == 0
     assert capsys.readouterr().out.strip() == "wake-ups are off"

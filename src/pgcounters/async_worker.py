@@ -67,7 +67,8 @@ class AsyncWorker:
             # refused rather than ignored: listeners would wait for reports that never come
             raise ConfigurationError(
                 "the async worker does not report changes (notify): run a Worker "
-                "(`pgcounters worker --notify`) beside it, or without notify"
+                "(`pgcounters worker --notify`) instead of it (the changes of the batches "
+                "another drainer applies are not reported), or this one without notify"
             )
         self.dsn = dsn
         self.settings = self._core.settings

@@ -534,6 +534,8 @@ def _apply(
 ) -> tuple[list[tuple[str, str]], sql.Composed]:
     """The statements that record the net change, by mode and target kind (``net``: the
     ``SELECT key, delta`` of the change, typed or not; by default the source rows')."""
+    # the rows of the statement are the source table's (not those of a path)
+    own_rows = net is None
     if net is None:
         net = lambda typed: _net(spec, event, typed=typed)  # noqa: E731
     if spec.mode != "direct":
@@ -558,8 +560,10 @@ def _apply(
         "SELECT array_agg(n.key ORDER BY n.key), array_agg(n.delta ORDER BY n.key)\n"
         "      INTO _pgc_keys, _pgc_deltas FROM ({net}) AS n;\n"
         "    IF _pgc_keys IS NOT NULL THEN\n"
-        "        -- lock the parent rows in key order, as the drain does: no deadlock\n"
-        "        PERFORM 1 FROM {parent} AS x WHERE x.{key_col} = ANY (_pgc_keys)\n"
+        "        -- lock the parent rows in key order, as the drain does: those of every\n"
+        "        -- row of the statement, whatever this counter's condition, so that the\n"
+        "        -- table's direct counters take the same rows in one pass: no deadlock\n"
+        "        PERFORM 1 FROM {parent} AS x WHERE x.{key_col} = ANY (ARRAY({locked}))\n"
         "          ORDER BY x.{key_col} FOR NO KEY UPDATE;\n"
         "        PERFORM set_config({applying}, 'on', true);\n"
         "        -- a parent this statement cannot see yet (a deferred foreign key, a\n"
@@ -579,6 +583,9 @@ def _apply(
         "    END IF;\n"
     ).format(
         net=net(True),
+        # the parent keys it locks: of every row of the statement, or (through a path)
+        # those of its changes
+        locked=_statement_keys(spec, event) if own_rows else sql.SQL("SELECT unnest(_pgc_keys)"),
         parent=parent,
         key_col=key_col,
         col=col,
@@ -586,6 +593,19 @@ def _apply(
         applying=sql.Literal(APPLYING),
     )
     return declare, body
+
+
+def _statement_keys(spec: CounterSpec, event: Event) -> sql.Composed:
+    """The parent keys of every row of the statement (its old and new rows), whether or
+    not they count: what every direct counter column of the table locks."""
+    relations = {"insert": [NEW_TABLE], "delete": [OLD_TABLE], "update": [OLD_TABLE, NEW_TABLE]}
+    key = _typed_key(spec)
+    return sql.SQL(" UNION ").join(
+        sql.SQL("SELECT {key} AS key FROM {relation} AS {alias} WHERE {key} IS NOT NULL").format(
+            key=key, relation=sql.Identifier(relation), alias=sql.Identifier(spec.source.name)
+        )
+        for relation in relations[event]
+    )
 
 
 def compile_trigger(spec: CounterSpec, event: Event) -> CompiledTrigger:

@@ -294,6 +294,7 @@ def install(conn: Conn, specs: Iterable[CounterSpec], *, backfill: bool = True) 
         for spec in chosen:
             validate(conn, spec)
             compiled = compile_spec(spec)
+            replace_changed_target(conn, spec)
             conn.execute(sql.SQL(query("select_call")).format(call=ensure_target_call(spec)))
             conn.execute(compiled.install_sql())
             record(conn, spec)
@@ -305,6 +306,51 @@ def install(conn: Conn, specs: Iterable[CounterSpec], *, backfill: bool = True) 
     if backfill and changed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         backfills.run(conn, changed)
     return [spec.name for spec in chosen]
+
+
+def as_compiled(conn: Conn, spec: CounterSpec) -> bool:
+    """Whether every trigger of ``spec`` is installed, enabled, with the function this
+    version compiles, and the spec recorded: installing it again would change nothing (and
+    would only take locks on its tables)."""
+    compiled = compile_spec(spec).triggers
+    params = {
+        "names": [t.name for t in compiled],
+        "tables": [(t.table or spec.source).identifier().as_string(conn) for t in compiled],
+        "sources": [t.function_source() for t in compiled],
+    }
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(query("triggers_as_compiled"), params).fetchone()
+    if row is None or row[0] != len(compiled):
+        return False
+    return any(s.name == spec.name and s.fingerprint == spec.fingerprint for s in declared(conn))
+
+
+def replace_changed_target(conn: Conn, spec: CounterSpec) -> bool:
+    """Drop the counter of a recorded declaration whose target is defined otherwise (other
+    key types, another column, other decimal places): its values and pending deltas are in
+    another shape, ``ensure_target`` refuses it (and with it every write the new triggers
+    count), and the backfill that follows a changed definition counts it again. A counter
+    that was never declared here (made by ``create_counter``) is left to its owner.
+    Returns whether it was dropped."""
+    from pgcounters.client import _row_to_counter
+
+    with conn.cursor(row_factory=tuple_row) as cur:
+        recorded = cur.execute(query("spec_recorded"), {"name": spec.name}).fetchone()
+        row = cur.execute(query("target_by_name"), {"name": spec.name}).fetchone()
+    if not recorded or not recorded[0] or row is None:
+        return False
+    found = _row_to_counter(row)
+    wanted: tuple[object, ...] = (tuple(spec.key_types), None, None, None, None, spec.scale)
+    if isinstance(spec.target, ColumnTarget):
+        t = spec.target
+        wanted = (tuple(spec.key_types), t.table.schema, t.table.name, t.column, t.key_column,
+                  spec.scale)  # fmt: skip
+    have = (found.key_types, found.table_schema, found.table, found.column, found.key_column,
+            found.scale)  # fmt: skip
+    if have == wanted:
+        return False
+    conn.execute(query("drop_counter"), {"name": spec.name})
+    return True
 
 
 def _refuse_other_deliveries(

@@ -541,7 +541,7 @@ class Worker:
                 for name, refusal in list(self._backfills_refused.items())[known:]:
                     # that counter only: the others' backfills go on
                     logger.warning(
-                        "backfill of %s left to others: %s (see `pgcounters grant`)",
+                        "backfill of %s left to others: %s",
                         name,
                         refusal,
                     )
@@ -551,7 +551,7 @@ class Worker:
             except PermissionDenied as exc:
                 # the role may not run backfills at all
                 self._backfills = False
-                logger.warning("backfills left to others: %s (see `pgcounters grant`)", exc)
+                logger.warning("backfills left to others: %s", exc)
         if self._retention_due(full):
             try:
                 self._retention_done(pc.drop_expired_buckets(RETENTION_LIMIT))
@@ -619,9 +619,7 @@ class Worker:
 
     def _retention_refused(self, exc: Exception) -> None:
         self._retention = False
-        logger.warning(
-            "retention of counters per period left to others: %s (see `pgcounters grant`)", exc
-        )
+        logger.warning("retention of counters per period left to others: %s", exc)
 
     def _note_batch(self, batch: BatchResult, unlogged: bool) -> tuple[int, bool, bool]:
         """Count and log one drain batch: (deltas it settled, whether it was full, whether

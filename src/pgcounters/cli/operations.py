@@ -201,6 +201,17 @@ def _check_status(args: argparse.Namespace) -> str | None:
 def _check_wakeup(args: argparse.Namespace) -> str | None:
     if args.interval is not None and args.state != "on":
         return f"--interval applies to `wakeup on`, not to `wakeup {args.state}`"
+    if args.interval is not None and not 0.001 <= args.interval <= 3600:
+        return f"--interval must be between 1 ms and 1 hour, got {args.interval:g} seconds"
+    return None
+
+
+def _check_worker(args: argparse.Namespace) -> str | None:
+    if args.max_interval < args.min_interval:
+        return (
+            f"--max-interval ({args.max_interval:g}) is below --min-interval "
+            f"({args.min_interval:g})"
+        )
     return None
 
 
@@ -324,6 +335,7 @@ def configure_operations(sub: Any) -> None:
         help="report at most N changed keys of a counter; above, the counter as 'many keys'",
     )  # fmt: skip
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    p.set_defaults(check=_check_worker)
 
     p = add("status", _cmd_status, "queue depth, lag, apply rate, table sizes and bloat")
     fmt = p.add_mutually_exclusive_group()

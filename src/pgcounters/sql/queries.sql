@@ -73,6 +73,19 @@ SELECT pgcounters.create_column_counter(
 -- forget a counter: its declaration, stored values and pending deltas
 SELECT pgcounters.drop_counter(%(name)s);
 
+-- name: triggers_as_compiled
+-- how many of the given triggers exist, enabled, on their tables with exactly the given
+-- function bodies (installed as compiled: nothing to install again)
+SELECT count(*)
+  FROM unnest(%(names)s::text[], %(tables)s::text[], %(sources)s::text[]) AS w(name, tbl, src)
+  JOIN pg_catalog.pg_trigger AS t
+    ON t.tgname = w.name AND t.tgrelid = to_regclass(w.tbl) AND t.tgenabled <> 'D'
+  JOIN pg_catalog.pg_proc AS p ON p.oid = t.tgfoid AND p.prosrc = w.src;
+
+-- name: spec_recorded
+-- whether a declared counter of that name is recorded (its triggers were installed)
+SELECT EXISTS (SELECT 1 FROM pgcounters.specs WHERE name = %(name)s);
+
 -- name: target_by_name
 -- one counter's declaration
 SELECT id, name, key_types, mode, target_schema, target_table, target_column, target_key_column,

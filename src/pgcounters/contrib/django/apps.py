@@ -17,13 +17,20 @@ class PgCountersConfig(AppConfig):
 
     def ready(self) -> None:
         from pgcounters.contrib.django import (
-            checks,  # noqa: F401  (registers the checks)
+            checks,  # registers the checks
             migration_deps,
         )
         from pgcounters.contrib.django.declarations import declared_counters
         from pgcounters.contrib.django.pgtrigger_delivery import register
+        from pgcounters.errors import PgCountersError
 
-        for model, spec in declared_counters():
+        try:
+            declared = declared_counters()
+        except PgCountersError:
+            # a declaration that does not compile: the system check reports it
+            # (pgcounters.E001) instead of every command failing with a traceback
+            declared = []
+        for model, spec in declared:
             if model._meta.auto_created:
                 # a many-to-many's automatic through model is in no migration: its
                 # counters' triggers are installed after migrate (_record_specs)
@@ -32,6 +39,7 @@ class PgCountersConfig(AppConfig):
         pre_migrate.connect(_before_migrate, sender=self)
         post_migrate.connect(_record_specs, sender=self)
         migration_deps.install()
+        checks.install_migrate_check()
 
 
 # per database alias: the counters whose triggers were installed when migrate started
@@ -58,7 +66,14 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
     from pgcounters.contrib.django.db import psycopg_connection
     from pgcounters.contrib.django.declarations import declared_counters, replica_writes
     from pgcounters.sqlfiles import query
-    from pgcounters.triggers import declared, follow, installed, record, uninstall
+    from pgcounters.triggers import (
+        declared,
+        follow,
+        installed,
+        record,
+        replace_changed_target,
+        uninstall,
+    )
 
     when = getattr(settings, "PGCOUNTERS_BACKFILL", "migrate")
     if when not in ("migrate", "worker"):
@@ -83,6 +98,9 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
             for spec in specs:
                 if spec.name not in live:
                     continue
+                # a declaration whose key or target changed: its old counter is dropped
+                # (its triggers, installed by the migration, refuse every write until then)
+                replace_changed_target(conn, spec)
                 conn.execute(sql.SQL(query("select_call")).format(call=ensure_target_call(spec)))
                 record(conn, spec)
                 if before.get(spec.name) != spec.fingerprint or spec.name not in live_before:
@@ -213,6 +231,9 @@ def _install_through_counters(conn: Any, using: str) -> None:
                 described = introspection.get_table_description(cur, target.name)
             if column not in {c.name for c in described}:
                 continue
-        chosen.append(spec)
+        if not triggers.as_compiled(conn, spec):
+            # only when they changed: installing them again takes locks on their tables
+            # (and on the parent's), which a migrate with nothing to do must not
+            chosen.append(spec)
     if chosen:
         triggers.install(conn, chosen, backfill=False)

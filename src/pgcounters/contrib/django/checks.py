@@ -6,11 +6,39 @@ a database is given (``manage.py check --database default``) and after migrate.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 from typing import Any
 
 from django.core import checks
 
 from pgcounters.errors import PgCountersError
+
+# set while `migrate` runs its checks: the triggers it reinstalls and the counters it records
+# are no error then (it is the command their hints name)
+_migrating: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "pgcounters_migrating", default=False
+)
+
+
+def install_migrate_check() -> None:
+    """Wrap ``migrate``'s check so that trigger drift warns instead of stopping it."""
+    from django.core.management.commands import migrate
+
+    check = migrate.Command.check
+    if getattr(check, "_pgcounters", False):
+        return
+
+    @functools.wraps(check)
+    def checking(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _migrating.set(True)
+        try:
+            return check(self, *args, **kwargs)
+        finally:
+            _migrating.reset(token)
+
+    checking._pgcounters = True  # type: ignore[attr-defined]
+    migrate.Command.check = checking  # type: ignore[method-assign]
 
 
 @checks.register()
@@ -43,16 +71,22 @@ def check_database(
             with psycopg_connection(alias) as conn:
                 schema.check(conn)
                 specs = [spec for _, spec in declared_counters()]
+                # during migrate a warning: migrate is what the hint asks for, and an
+                # error would stop it before it could repair anything
+                kind = checks.Warning if _migrating.get() else checks.Error
                 for drift in triggers.drift(conn, specs):
                     if not drift.ok and drift.state != "undeclared":
                         out.append(
-                            checks.Error(
+                            kind(
                                 f"counter {drift.name}: triggers {drift.state} ({drift.detail})",
                                 hint="run `manage.py pgcounters recount`"
                                 if drift.state == "stale"
                                 else "run `manage.py migrate` (and `makemigrations` if a "
-                                "declaration changed, or the table did)",
-                                id="pgcounters.E003",
+                                "declaration changed, or the table did; triggers a migration "
+                                "delivered and that were dropped since come back with "
+                                "`manage.py pgtrigger install`, then `migrate` counts the "
+                                "rows again)",
+                                id="pgcounters.W003" if _migrating.get() else "pgcounters.E003",
                             )
                         )
         except PgCountersError as exc:
