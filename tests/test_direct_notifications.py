@@ -528,3 +528,31 @@ def test_direct_changes_of_more_keys_than_the_cap_report_their_counter_as_many_k
         "article.comments": {(1,), (2,)},
         "comments.per_article": {(1,), (2,)},
     }
+
+
+def test_a_worker_that_lost_its_connection_reports_every_direct_counter_as_changed(
+    dsn: str, blog: Conn, pc: Counters
+) -> None:
+    """While it reconnected, no reporting worker was registered, so direct writes noted
+    nothing and their changes reached no listener: once registered again, it reports each
+    direct counter as changed with its keys not listed ("many keys"), and caches drop them."""
+    pc.create_counter("views", int, mode="direct")
+    pc.create_counter("queued.views", int)
+    calls: list[Changes] = []
+    settings = WorkerSettings(
+        min_interval=0.01, max_interval=0.05, log_every=0, reconnect_min=0.05, reconnect_max=0.1
+    )
+    worker = Worker(dsn, settings, on_change=calls.append)
+    with running(worker) as errors:
+        wait_for(lambda: _listeners(blog) == 1)
+        pc.incr("views", 7)
+        wait_for(lambda: _merged(calls).get("views") == {(7,)})
+        assert all(None not in c.values() for c in calls)  # its first registration: no gap
+        row = blog.execute("SELECT pid FROM pgcounters.change_listeners").fetchone()
+        assert row is not None
+        _kill(blog, int(row[0]))
+        pc.incr("views", 8)  # before or after it registers again: reported either way
+        wait_for(lambda: any(c.get("views", ()) is None for c in calls))
+    assert errors == []
+    gap = next(c for c in calls if c.get("views", ()) is None)
+    assert gap == {"article.comments": None, "comments.per_article": None, "views": None}

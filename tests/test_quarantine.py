@@ -218,6 +218,19 @@ def test_a_long_lived_clients_reads_follow_a_dropped_and_recreated_counter(
         pc.drain()
         assert old.top("g2", 3) == [((5,), 9)]
         assert old.get("g2", 5, exact=False) == 9
+        # a direct counter: its increments are told the counter is gone (they were told
+        # the role lacked a right), then reach the counter created again under that name
+        pc.create_counter("d", key=int, mode="direct")
+        assert old.incr("d", 1) == 1
+        pc.drop_counter("d")
+        with pytest.raises(UnknownCounter):
+            old.incr("d", 1)
+        pc.create_counter("d", key=int, mode="direct")
+        assert old.incr("d", 1) == 1
+        pc.drop_counter("d")
+        pc.create_counter("d", key=int, mode="direct")
+        assert old.incr("d", 1, 4) == 4
+        assert pc.get("d", 1) == 4
 
 
 def test_status_prometheus_and_the_cli_show_list_replay_and_discard(

@@ -397,7 +397,9 @@ class _CounterPlans:
         units = yield from self._incr_units(counter, key, counter.units(delta))
         return None if units is None else value_of(counter.scale or 0, units)
 
-    def _incr_units(self, counter: Counter, key: object, delta: int) -> Plan[int | None]:
+    def _incr_units(
+        self, counter: Counter, key: object, delta: int, *, again: bool = True
+    ) -> Plan[int | None]:
         """Add ``delta`` units; the new value in units for a direct counter."""
         encoded = encode_key(key, counter.key_types, counter.name)
         if counter.mode != "direct":
@@ -415,6 +417,9 @@ class _CounterPlans:
             row = yield Execute(query("direct_named_update"), params, "one")
             if row is None:
                 row = yield Execute(query("direct_named"), params, "one")
+                if row is None:  # the counter was dropped since this client looked it up
+                    fresh = yield from self._looked_up_again(counter, again)
+                    return (yield from self._incr_units(fresh, key, delta, again=False))
         else:
             # through a SECURITY DEFINER function: a least-privilege role needs
             # no write right on pgcounters.counters (migration 0006)

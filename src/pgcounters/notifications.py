@@ -285,6 +285,11 @@ def listen_direct(conn: Conn) -> int:
     return int(row[0]) if row else 0
 
 
+def direct_counters(conn: Conn) -> list[str]:
+    """The names of the direct-mode counters."""
+    return [str(r[0]) for r in conn.execute(_sql("direct_counter_names")).fetchall()]
+
+
 def unlisten_direct(conn: Conn) -> int:
     """Unregister the session; the last one to go drops the notes nobody will report.
     Returns the workers still registered."""

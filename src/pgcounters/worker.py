@@ -258,6 +258,9 @@ class Worker:
         self._retention = True
         # when (monotonic) the ids listed for the counters' triggers are refreshed next
         self._target_ids_at = 0.0
+        # this worker registered as a reporting one before (a registration after that is
+        # one after a lost connection)
+        self._registered_before = False
 
     # -- public -------------------------------------------------------------
 
@@ -379,7 +382,15 @@ class Worker:
         if self._notifier.active and self._report_direct:
             # direct-mode counters note their changes while a reporting worker is registered
             try:
-                notifications.listen_direct(conn)
+                registered = notifications.listen_direct(conn)
+                if registered == 1 and self._registered_before:
+                    # registered again after a lost connection, and no other reporting
+                    # worker was: direct writes meanwhile noted nothing, so every direct
+                    # counter is reported as changed, its keys not listed
+                    names = notifications.direct_counters(conn)
+                    if names:
+                        self._notifier.committed(conn, dict.fromkeys(names))
+                self._registered_before = True
             except pg.ReadOnlySqlTransaction:
                 self._report_direct = False  # a hot standby: its first drain says so
             except pg.InsufficientPrivilege as exc:

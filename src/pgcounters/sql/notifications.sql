@@ -17,6 +17,11 @@ SELECT coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]'),
 -- one notification for listeners in other processes
 SELECT pg_catalog.pg_notify(%(channel)s, %(payload)s);
 
+-- name: direct_counter_names
+-- the direct-mode counters, reported as changed (keys not listed) by a worker that
+-- registers again after a lost connection
+SELECT name FROM pgcounters.targets WHERE mode = 'direct' ORDER BY name;
+
 -- name: listen_direct_changes
 -- register this session as a reporting worker: direct-mode counters note their changes
 SELECT pgcounters.listen_direct_changes();

@@ -151,10 +151,11 @@ SELECT w.value,
   FROM written AS w;
 
 -- name: direct_named
--- a direct named counter's first increment of a key: create its row or add to it, its key noted for a reporting worker
+-- a direct named counter's first increment of a key: create its row or add to it, its key noted for a reporting worker (no row when the counter no longer exists)
 WITH written AS (
     INSERT INTO pgcounters.counters AS c (target_id, key, value)
-    VALUES (%(target)s, %(key)s::text[], %(delta)s)
+    SELECT %(target)s, %(key)s::text[], %(delta)s
+     WHERE EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(target)s)
     ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
     RETURNING c.value
 )
