@@ -221,3 +221,63 @@ def test_a_declaration_that_does_not_compile_is_a_system_check_error(tmp_path: P
     assert done.returncode == 1
     assert "(pgcounters.E001)" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+RENAMED = """
+from django.db import models
+
+from pgcounters.contrib.django import CountField
+
+
+class Shelf(models.Model):
+    book_count = CountField("books")
+
+
+class {book}(models.Model):
+    shelf = models.ForeignKey(Shelf, related_name="books", on_delete=models.CASCADE)
+"""
+
+
+def test_renaming_a_counted_model(tmp_path: Path, server_dsn: str) -> None:
+    """Django writes RenameModel before the trigger operations; the counter's triggers on the
+    renamed table named it, and the rename was refused ("this change to table ... breaks
+    counter ..."). makemigrations now removes them before the rename, adds them after."""
+    name = f"renmodel_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(server_dsn)
+    app = tmp_path / "library"
+    (app / "migrations").mkdir(parents=True)
+    (app / "__init__.py").write_text("")
+    (app / "migrations" / "__init__.py").write_text("")
+    (app / "models.py").write_text(RENAMED.format(book="Book"))
+    (tmp_path / "libsettings.py").write_text(
+        SETTINGS.format(
+            name=name,
+            host=str(params.get("host", "")),
+            port=str(params.get("port", "")),
+            user=str(params.get("user", "")),
+        )
+    )
+    try:
+        _manage(tmp_path, "makemigrations", "library", "--noinput")
+        _manage(tmp_path, "migrate", "--noinput")
+        params["dbname"] = name
+        with psycopg.connect(make_conninfo(**params), autocommit=True) as conn:  # type: ignore[arg-type]
+            conn.execute("INSERT INTO library_shelf DEFAULT VALUES")
+            conn.execute("INSERT INTO library_book (shelf_id) VALUES (1), (1)")
+            (app / "models.py").write_text(RENAMED.format(book="Volume"))
+            _manage(tmp_path, "makemigrations", "library", answers="y\n")
+            migration = next(p for p in (app / "migrations").glob("0002_*.py")).read_text()
+            assert migration.index("RemoveTrigger") < migration.index("RenameModel")
+            assert migration.index("RenameModel") < migration.index("AddTrigger")
+            _manage(tmp_path, "migrate", "--noinput")
+            conn.execute("INSERT INTO library_volume (shelf_id) VALUES (1)")
+            assert verify(conn, "library.shelf.book_count").mismatches == []
+            Counters(conn).drain()
+            assert conn.execute("SELECT book_count FROM library_shelf").fetchone() == (3,)
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )

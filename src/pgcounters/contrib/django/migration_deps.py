@@ -46,6 +46,9 @@ class CounterDependencies(MigrationAutodetector):
         migration_name: str | None = None,
     ) -> dict[str, list[Any]]:
         changes = super().changes(graph, trim_to_apps, convert_apps, migration_name)
+        for app_migrations in changes.values():
+            for migration in app_migrations:
+                _removals_before_renames(migration)
         leaves = graph.leaf_nodes(APP_LABEL)
         if not leaves:
             return changes
@@ -59,6 +62,37 @@ class CounterDependencies(MigrationAutodetector):
                     # an instance attribute, as Django's own autodetector sets it
                     migration.dependencies = [*migration.dependencies, schema]  # type: ignore[misc]
         return changes
+
+
+def _removals_before_renames(migration: Any) -> None:
+    """Put the removal of counter triggers before the first ``RenameModel`` of a migration.
+
+    Django writes a model's rename first and the trigger operations after it; but the
+    triggers of a counter name their tables, and a table that one of them counts cannot be
+    renamed under them (the DDL guard refuses it, and PostgreSQL would leave them counting
+    from the old name). Removed first (under the model's old name), they are added again
+    after the rename, compiled for the new one.
+    """
+    from django.db.migrations.operations import RenameModel
+    from pgtrigger.migrations import RemoveTrigger
+
+    operations = list(migration.operations)
+    renames = [i for i, op in enumerate(operations) if isinstance(op, RenameModel)]
+    if not renames:
+        return
+    first = renames[0]
+    old_names = {
+        op.new_name_lower: op.old_name_lower for op in operations if isinstance(op, RenameModel)
+    }
+    moved: list[Any] = []
+    kept: list[Any] = []
+    for i, op in enumerate(operations):
+        if i > first and isinstance(op, RemoveTrigger) and op.name.startswith("pgc_"):
+            moved.append(RemoveTrigger(old_names.get(op.model_name_lower, op.model_name), op.name))
+        else:
+            kept.append(op)
+    if moved:
+        migration.operations = [*kept[:first], *moved, *kept[first:]]
 
 
 def install() -> None:
