@@ -310,15 +310,27 @@ def test_changing_the_summed_columns_scale_is_refused_and_widening_allowed(conn:
     truth.assert_drained(conn, TRUTHS)
 
 
-def test_a_counter_declared_again_with_another_scale_is_refused(conn: Conn) -> None:
+def test_a_counter_declared_again_with_another_scale_is_counted_again(conn: Conn) -> None:
+    """Its values are in other units: the install drops them and counts the rows again in
+    the new ones (it was refused; under Django the migration had installed the new
+    triggers by then, and every write to the table failed)."""
     pc = _shop(conn)
     conn.execute("INSERT INTO shop_line (order_id, amount) VALUES (1, 0.4)")
     assert pc.get_decimal(ALL) == Decimal("0.40")
     conn.execute("ALTER TABLE shop_line ADD COLUMN cents bigint")
+    conn.execute("UPDATE shop_line SET cents = 40")
     again = CounterSpec(name=ALL, source="shop_line", target=NamedTarget(), sum="cents")
-    with pytest.raises(CounterDefinitionConflict, match="exists with 2 decimal places"):
-        triggers.install(conn, [again])
-    assert pc.get_decimal(ALL) == Decimal("0.40")
+    triggers.install(conn, [again])
+    conn.execute("INSERT INTO shop_line (order_id, amount, cents) VALUES (1, 0.1, 10)")
+    pc = Counters(conn)
+    assert pc.get(ALL) == 50
+    # a counter made by hand, never declared, is still refused rather than dropped
+    pc.create_counter("by_hand.sum", None)
+    refused = CounterSpec(
+        name="by_hand.sum", source="shop_line", target=NamedTarget(), sum="amount", scale=2
+    )
+    with pytest.raises(CounterDefinitionConflict):
+        triggers.install(conn, [refused])
 
 
 def test_changing_the_decimal_counter_columns_type_is_refused(conn: Conn) -> None:

@@ -534,8 +534,8 @@ def _apply(
 ) -> tuple[list[tuple[str, str]], sql.Composed]:
     """The statements that record the net change, by mode and target kind (``net``: the
     ``SELECT key, delta`` of the change, typed or not; by default the source rows')."""
-    # the rows of the statement are the source table's (not those of a path)
-    own_rows = net is None
+    # the statement's rows key the parents themselves (not through a path)
+    own_rows = net is None and not spec.via
     if net is None:
         net = lambda typed: _net(spec, event, typed=typed)  # noqa: E731
     if spec.mode != "direct":
@@ -560,10 +560,10 @@ def _apply(
         "SELECT array_agg(n.key ORDER BY n.key), array_agg(n.delta ORDER BY n.key)\n"
         "      INTO _pgc_keys, _pgc_deltas FROM ({net}) AS n;\n"
         "    IF _pgc_keys IS NOT NULL THEN\n"
-        "        -- lock the parent rows in key order, as the drain does: those of every\n"
-        "        -- row of the statement, whatever this counter's condition, so that the\n"
-        "        -- table's direct counters take the same rows in one pass: no deadlock\n"
-        "        PERFORM 1 FROM {parent} AS x WHERE x.{key_col} = ANY (ARRAY({locked}))\n"
+        "        -- lock the parent rows in key order, as the drain does: no deadlock\n"
+        "        -- (keyed by the statement's own rows, the parents of all of them,\n"
+        "        -- whatever the condition: the table's direct counters take one set)\n"
+        "        PERFORM 1 FROM {parent} AS x WHERE x.{key_col} = ANY ({locked})\n"
         "          ORDER BY x.{key_col} FOR NO KEY UPDATE;\n"
         "        PERFORM set_config({applying}, 'on', true);\n"
         "        -- a parent this statement cannot see yet (a deferred foreign key, a\n"
@@ -585,7 +585,11 @@ def _apply(
         net=net(True),
         # the parent keys it locks: of every row of the statement, or (through a path)
         # those of its changes
-        locked=_statement_keys(spec, event) if own_rows else sql.SQL("SELECT unnest(_pgc_keys)"),
+        locked=(
+            sql.SQL("ARRAY({})").format(_statement_keys(spec, event))
+            if own_rows
+            else sql.SQL("_pgc_keys")
+        ),
         parent=parent,
         key_col=key_col,
         col=col,
