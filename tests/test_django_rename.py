@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -197,18 +198,35 @@ def test_changing_a_named_counters_key_parts_recounts_it_and_writes_go_on(
             )
 
 
-def test_a_declaration_that_does_not_compile_is_a_system_check_error(tmp_path: Path) -> None:
+BROKEN = {
+    "no such relation": 'book_count = CountField("nothing")',
+    "no such key field": 'per = register_counter("library.per", Shelf, keys=("nope",))',
+    # two counters under one name kept one counter (the last one recorded) silently
+    "one name twice": 'a = register_counter("library.all", Shelf)\n'
+    'b = register_counter("library.all", Shelf, filter=models.Q(id__gt=1))',
+}
+
+
+@pytest.mark.parametrize("declaration", BROKEN.values(), ids=BROKEN.keys())
+def test_a_declaration_that_does_not_compile_is_a_system_check_error(
+    tmp_path: Path, declaration: str
+) -> None:
     """It raised from the app's ready(), so every command (check, runserver, migrate) died
-    with a traceback; the system check now reports it, as the docs say."""
+    with a traceback (or, for a name declared twice, passed and kept one counter); the
+    system check now reports it, as the docs say."""
     app = tmp_path / "library"
     (app / "migrations").mkdir(parents=True)
     (app / "__init__.py").write_text("")
     (app / "migrations" / "__init__.py").write_text("")
     (app / "models.py").write_text(
         "from django.db import models\n"
-        "from pgcounters.contrib.django import CountField\n\n\n"
+        "from pgcounters.contrib.django import CountField, register_counter\n\n\n"
         "class Shelf(models.Model):\n"
-        '    book_count = CountField("nothing")\n'
+        + (
+            f"    {declaration}\n"
+            if "CountField" in declaration
+            else f"    pass\n\n\n{declaration}\n"
+        )
     )
     (tmp_path / "libsettings.py").write_text(
         SETTINGS.format(name="unused", host="127.0.0.1", port="1", user="nobody")

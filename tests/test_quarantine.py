@@ -231,6 +231,24 @@ def test_a_long_lived_clients_reads_follow_a_dropped_and_recreated_counter(
         pc.create_counter("d", key=int, mode="direct")
         assert old.incr("d", 1, 4) == 4
         assert pc.get("d", 1) == 4
+        # created again with other key parts: the key the cached declaration refuses is
+        # the new counter's (it raised InvalidKey until the process restarted)
+        pc.create_counter("t", key=int)
+        old.incr("t", 1, 10)
+        assert old.get("t", 1) == 10
+        pc.drop_counter("t")
+        pc.create_counter("t", key=str)
+        pc.incr("t", "x", 6)
+        assert old.get("t", "x") == 6
+        pc.drop_counter("t")
+        pc.create_counter("t", key=str)
+        assert old.get_many("t", ["x", "y"]) == [0, 0]
+        pc.drop_counter("t")
+        pc.create_counter("t", key=(int, int))
+        old.incr("t", (1, 2), 2)  # a queued increment, through the hot path's refusal
+        assert pc.get("t", (1, 2)) == 2
+        with pytest.raises(InvalidKey):  # a key the live counter refuses is refused
+            old.get("t", ("a", "b"))
 
 
 def test_status_prometheus_and_the_cli_show_list_replay_and_discard(

@@ -368,13 +368,21 @@ class _CounterPlans:
         stored value at once and return it (read-your-write). A sum of decimals
         is added to with :meth:`incr_decimal`.
         """
-        params = self._queued(name, key, delta)
+        params = self._cached_queued(name, key, delta)
         if params is not None:
             yield Execute(_ENQUEUE, params)
             return None
         counter = yield from self._integer(name)
         units = yield from self._incr_units(counter, key, check_delta(delta))
         return None if units is None else int(units)
+
+    def _cached_queued(self, name: str, key: object, delta: int) -> tuple[int, str, int] | None:
+        """:meth:`_queued`, None when the cached declaration refuses the key: the plan then
+        checks the key against the counter of that name (it may have been created again)."""
+        try:
+            return self._queued(name, key, delta)
+        except InvalidKey:
+            return None
 
     def _queued(self, name: str, key: object, delta: int) -> tuple[int, str, int] | None:
         """The parameters of a queued increment's one INSERT (the statement ``_ENQUEUE``),
@@ -401,7 +409,11 @@ class _CounterPlans:
         self, counter: Counter, key: object, delta: int, *, again: bool = True
     ) -> Plan[int | None]:
         """Add ``delta`` units; the new value in units for a direct counter."""
-        encoded = encode_key(key, counter.key_types, counter.name)
+        try:
+            encoded = encode_key(key, counter.key_types, counter.name)
+        except InvalidKey as refused:
+            fresh = yield from self._refused_key(counter, refused, again)
+            return (yield from self._incr_units(fresh, key, delta, again=False))
         if counter.mode != "direct":
             # the hot path: one INSERT, the key sent as one array-literal parameter
             stmt = query("enqueue" if counter.mode == "queued" else "enqueue_unlogged")
@@ -552,7 +564,11 @@ class _CounterPlans:
     def _get_units(
         self, counter: Counter, key: object, exact: bool, *, again: bool = True
     ) -> Plan[int]:
-        encoded = encode_key(key, counter.key_types, counter.name)
+        try:
+            encoded = encode_key(key, counter.key_types, counter.name)
+        except InvalidKey as refused:
+            fresh = yield from self._refused_key(counter, refused, again)
+            return (yield from self._get_units(fresh, key, exact, again=False))
         params: dict[str, Any] = {"t": counter.id, "k": encoded}
         if counter.is_column:
             params["v"] = _typed_key_value(counter, encoded[0])
@@ -567,6 +583,17 @@ class _CounterPlans:
             fresh = yield from self._looked_up_again(counter, again)
             return (yield from self._get_units(fresh, key, exact, again=False))
         return int(row[0])
+
+    def _refused_key(self, counter: Counter, refused: InvalidKey, again: bool) -> Plan[Counter]:
+        """A key the cached declaration of ``counter`` refused: the counter of that name now,
+        when the cached one was dropped since (created again with other key parts, say);
+        else the refusal stands."""
+        if not again:
+            raise refused
+        alive = yield Execute(query("target_exists"), {"t": counter.id}, "one", read=True)
+        if alive and alive[0]:
+            raise refused
+        return (yield from self._looked_up_again(counter, True))
 
     def _looked_up_again(self, stale: Counter, again: bool) -> Plan[Counter]:
         """The counter of ``stale``'s name, looked up again: its cached id named a counter
@@ -601,7 +628,11 @@ class _CounterPlans:
         self, counter: Counter, keys: Iterable[object], exact: bool, *, again: bool = True
     ) -> Plan[list[int]]:
         key_list = list(keys)
-        encoded = [encode_key(k, counter.key_types, counter.name) for k in key_list]
+        try:
+            encoded = [encode_key(k, counter.key_types, counter.name) for k in key_list]
+        except InvalidKey as refused:
+            fresh = yield from self._refused_key(counter, refused, again)
+            return (yield from self._get_many_units(fresh, key_list, exact, again=False))
         if not encoded:
             return []
         if counter.is_column:
@@ -1218,7 +1249,7 @@ class Counters(_CounterPlans):
         return self._run(self._counters())
 
     def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
-        params = self._queued(name, key, delta)
+        params = self._cached_queued(name, key, delta)
         if params is None:
             return self._run(self._incr(name, key, delta))
         # the hot path: the one INSERT of a queued counter, sent as the plan would send it
@@ -1394,7 +1425,7 @@ class AsyncCounters(_CounterPlans):
         return await self._run(self._counters())
 
     async def incr(self, name: str, key: object = None, delta: int = 1) -> int | None:
-        params = self._queued(name, key, delta)
+        params = self._cached_queued(name, key, delta)
         if params is None:
             return await self._run(self._incr(name, key, delta))
         # the hot path: the one INSERT of a queued counter, sent as the plan would send it

@@ -22,15 +22,11 @@ class PgCountersConfig(AppConfig):
         )
         from pgcounters.contrib.django.declarations import declared_counters
         from pgcounters.contrib.django.pgtrigger_delivery import register
-        from pgcounters.errors import PgCountersError
 
-        try:
-            declared = declared_counters()
-        except PgCountersError:
-            # a declaration that does not compile: the system check reports it
-            # (pgcounters.E001) instead of every command failing with a traceback
-            declared = []
-        for model, spec in declared:
+        # a declaration that does not compile (or a name declared twice) is left out: the
+        # system check reports it (pgcounters.E001) instead of every command failing with
+        # a traceback, and the others keep their triggers
+        for model, spec in declared_counters(skip_broken=True):
             if model._meta.auto_created:
                 # a many-to-many's automatic through model is in no migration: its
                 # counters' triggers are installed after migrate (_record_specs)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -38,7 +38,7 @@ from django.db import connections, models
 from django.db.models.sql import Query
 
 from pgcounters.client import Mode
-from pgcounters.errors import InvalidCounterDefinition
+from pgcounters.errors import InvalidCounterDefinition, PgCountersError
 from pgcounters.keys import Key, KeyType
 from pgcounters.specs import (
     Bucket,
@@ -641,7 +641,12 @@ class NamedCounter:
     """Counted per period of a date or time field (``Bucket.column`` names the field)."""
 
     def spec(self) -> CounterSpec:
-        fields = [self.model._meta.get_field(k) for k in self.keys]
+        from django.core.exceptions import FieldDoesNotExist
+
+        try:
+            fields = [self.model._meta.get_field(k) for k in self.keys]
+        except FieldDoesNotExist as exc:
+            raise InvalidCounterDefinition(f"counter {self.name}: key {exc}") from None
         bucket = self.bucket
         if bucket is not None and isinstance(bucket.column, str):
             bucket = dataclasses.replace(bucket, column=_column(self.model, bucket.column))
@@ -803,6 +808,8 @@ class NamedCounter:
 
 
 _named: dict[str, NamedCounter] = {}
+# names that register_counter was given twice, for two different counters
+_named_twice: set[str] = set()
 
 
 def register_counter(
@@ -832,6 +839,9 @@ def register_counter(
     counter = NamedCounter(
         name, model, tuple(keys), filter, sum, mode, _replica_writes(replica_writes), bucket
     )
+    previous = _named.get(name)
+    if previous is not None and previous != counter:
+        _named_twice.add(name)
     _named[name] = counter
     return counter
 
@@ -851,16 +861,44 @@ def replica_writes() -> dict[str, ReplicaWrites]:
     return out
 
 
-def declared_counters() -> list[tuple[type[models.Model], CounterSpec]]:
-    """Every declared counter as (source model, spec). Needs the app registry."""
+def declared_counters(*, skip_broken: bool = False) -> list[tuple[type[models.Model], CounterSpec]]:
+    """Every declared counter as (source model, spec). Needs the app registry.
+
+    A declaration that does not compile, or a name declared twice, raises
+    :class:`InvalidCounterDefinition`; with ``skip_broken`` it is left out instead (the
+    app registers the others' triggers, and the system check reports it)."""
     from django.apps import apps
 
-    out: list[tuple[type[models.Model], CounterSpec]] = []
+    def column(field: CounterColumn) -> Callable[[], tuple[type[models.Model], CounterSpec]]:
+        def make() -> tuple[type[models.Model], CounterSpec]:
+            spec = field.spec()  # first: it says what is wrong with a relation not there
+            return field.counted_model(), spec
+
+        return make
+
+    def named(counter: NamedCounter) -> Callable[[], tuple[type[models.Model], CounterSpec]]:
+        return lambda: (counter.model, counter.spec())
+
+    made: list[Callable[[], tuple[type[models.Model], CounterSpec]]] = []
     for model in apps.get_models():
         for field in model._meta.get_fields():
             if isinstance(field, CounterColumn):
-                spec = field.spec()
-                out.append((field.counted_model(), spec))
-    for counter in _named.values():
-        out.append((counter.model, counter.spec()))
+                made.append(column(field))
+    made += [named(counter) for counter in _named.values()]
+    out: list[tuple[type[models.Model], CounterSpec]] = []
+    seen: set[str] = set()
+    for make in made:
+        try:
+            model, spec = make()
+            if spec.name in seen or spec.name in _named_twice:
+                raise InvalidCounterDefinition(
+                    f"counter {spec.name} is declared twice: give each declaration a name "
+                    "of its own (both would keep one counter)"
+                )
+        except PgCountersError:
+            if skip_broken:
+                continue
+            raise
+        seen.add(spec.name)
+        out.append((model, spec))
     return out
