@@ -504,3 +504,47 @@ def test_dropping_a_path_counter_from_the_catalog_leaves_no_trigger_function(
         for statement in ddl.drop_statements(spec.name, None, found):
             runner.execute(statement)
         assert runner.fetchall(functions) == [(0,)]
+
+
+def test_a_counter_changed_to_other_key_parts_by_a_migration_is_counted_again(
+    engine: Engine,
+) -> None:
+    """What ``op.change_counter`` runs, for a named counter whose key parts changed: the
+    old counter's values are keyed otherwise, so it goes and the backfill counts the rows
+    again (the migration failed with "already exists with another definition")."""
+    from pgcounters.contrib.sqlalchemy import ddl
+
+    with engine.begin() as conn:
+        conn.execute(insert(Article), [{"id": 1}, {"id": 2}])
+        conn.execute(
+            insert(Comment),
+            [{"article_id": 1, "status": s} for s in ("public", "public", "hidden")]
+            + [{"article_id": 2, "status": "public"}],
+        )
+    name = "sa.comments.per_article"
+    per_article = CounterSpec(
+        name=name, source="sa_comment", keys=("article_id",), target=NamedTarget(("bigint",))
+    )
+    per_status = CounterSpec(
+        name=name,
+        source="sa_comment",
+        keys=("article_id", "status"),
+        target=NamedTarget(("bigint", "text")),
+    )
+    with engine.begin() as conn:
+        for statement in ddl.create_statements(per_article):
+            conn.execute(text(statement))
+    with engine.begin() as conn:
+        for statement in ddl.drop_statements(name, per_article):
+            conn.execute(text(statement))
+        for statement in ddl.create_statements(per_status, changed=True):
+            conn.execute(text(statement))
+    with engine.begin() as conn:
+        conn.execute(insert(Comment), [{"article_id": 2, "status": "hidden"}])
+        values = [
+            conn.execute(
+                text("SELECT pgcounters.get(:n, CAST(:k AS text[]))"), {"n": name, "k": k}
+            ).scalar()
+            for k in ("{1,public}", "{1,hidden}", "{2,public}", "{2,hidden}")
+        ]
+    assert values == [2, 1, 1, 1]

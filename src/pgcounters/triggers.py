@@ -325,6 +325,26 @@ def as_compiled(conn: Conn, spec: CounterSpec) -> bool:
     return any(s.name == spec.name and s.fingerprint == spec.fingerprint for s in declared(conn))
 
 
+def changed_target_params(spec: CounterSpec, *, declared: bool = False) -> dict[str, Any]:
+    """The parameters of the statement ``drop_changed_target`` for ``spec`` (``declared``:
+    the counter of that name is known to be a declared one, its spec record gone already)."""
+    where: list[str | None] = [None, None, None, None]
+    if isinstance(spec.target, ColumnTarget):
+        t = spec.target
+        where = [t.table.schema, t.table.name, t.column, t.key_column]
+    schema_name, table, column, key_column = where
+    return {
+        "name": spec.name,
+        "key_types": list(spec.key_types),
+        "schema": schema_name,
+        "table": table,
+        "column": column,
+        "key_column": key_column,
+        "scale": spec.scale,
+        "declared": declared,
+    }
+
+
 def replace_changed_target(conn: Conn, spec: CounterSpec) -> bool:
     """Drop the counter of a recorded declaration whose target is defined otherwise (other
     key types, another column, other decimal places): its values and pending deltas are in
@@ -332,25 +352,9 @@ def replace_changed_target(conn: Conn, spec: CounterSpec) -> bool:
     count), and the backfill that follows a changed definition counts it again. A counter
     that was never declared here (made by ``create_counter``) is left to its owner.
     Returns whether it was dropped."""
-    from pgcounters.client import _row_to_counter
-
     with conn.cursor(row_factory=tuple_row) as cur:
-        recorded = cur.execute(query("spec_recorded"), {"name": spec.name}).fetchone()
-        row = cur.execute(query("target_by_name"), {"name": spec.name}).fetchone()
-    if not recorded or not recorded[0] or row is None:
-        return False
-    found = _row_to_counter(row)
-    wanted: tuple[object, ...] = (tuple(spec.key_types), None, None, None, None, spec.scale)
-    if isinstance(spec.target, ColumnTarget):
-        t = spec.target
-        wanted = (tuple(spec.key_types), t.table.schema, t.table.name, t.column, t.key_column,
-                  spec.scale)  # fmt: skip
-    have = (found.key_types, found.table_schema, found.table, found.column, found.key_column,
-            found.scale)  # fmt: skip
-    if have == wanted:
-        return False
-    conn.execute(query("drop_counter"), {"name": spec.name})
-    return True
+        cur.execute(query("drop_changed_target"), changed_target_params(spec))
+        return cur.fetchone() is not None
 
 
 def _refuse_other_deliveries(

@@ -82,9 +82,21 @@ SELECT count(*)
     ON t.tgname = w.name AND t.tgrelid = to_regclass(w.tbl) AND t.tgenabled <> 'D'
   JOIN pg_catalog.pg_proc AS p ON p.oid = t.tgfoid AND p.prosrc = w.src;
 
--- name: spec_recorded
--- whether a declared counter of that name is recorded (its triggers were installed)
-SELECT EXISTS (SELECT 1 FROM pgcounters.specs WHERE name = %(name)s);
+-- name: drop_changed_target
+-- drop the counter of a recorded declaration whose target is defined otherwise (key types,
+-- target table and columns, decimal places): its values are in another shape, and the
+-- backfill counts them again (a counter never declared, made by hand, is left alone;
+-- declared: the caller knows it was declared, its recorded spec forgotten already)
+SELECT pgcounters.drop_counter(t.name)
+  FROM pgcounters.targets AS t
+ WHERE t.name = %(name)s
+   AND (%(declared)s::boolean OR EXISTS (SELECT 1 FROM pgcounters.specs AS s WHERE s.name = t.name))
+   AND (t.key_types IS DISTINCT FROM %(key_types)s::text[]
+        OR t.target_schema IS DISTINCT FROM %(schema)s::text
+        OR t.target_table IS DISTINCT FROM %(table)s::text
+        OR t.target_column IS DISTINCT FROM %(column)s::text
+        OR t.target_key_column IS DISTINCT FROM %(key_column)s::text
+        OR t.scale IS DISTINCT FROM %(scale)s::integer);
 
 -- name: target_by_name
 -- one counter's declaration

@@ -280,7 +280,9 @@ def _change(operations: Operations, operation: ChangeCounterOp) -> None:
         ddl.validate(runner, operation.spec)
     for statement in ddl.drop_statements(operation.spec.name, operation.previous):
         runner.execute(statement)
-    for statement in ddl.create_statements(operation.spec, backfill=operation.backfill):
+    for statement in ddl.create_statements(
+        operation.spec, backfill=operation.backfill, changed=True
+    ):
         runner.execute(statement)
 
 

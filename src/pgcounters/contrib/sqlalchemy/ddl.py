@@ -39,6 +39,7 @@ from pgcounters.compiler import (
 )
 from pgcounters.errors import InvalidArgument, InvalidCounterDefinition
 from pgcounters.specs import ColumnTarget, CounterSpec
+from pgcounters.triggers import changed_target_params
 
 _PARAM = re.compile(r"%\((\w+)\)s|%s|%%")
 
@@ -136,10 +137,19 @@ def _pending(spec: CounterSpec) -> sql.Composable:
     return sql.SQL(sqlfiles.named("recount.sql")["pending"]).format(target=_target(spec))
 
 
-def create_statements(spec: CounterSpec, *, backfill: bool = True) -> list[str]:
+def create_statements(
+    spec: CounterSpec, *, backfill: bool = True, changed: bool = False
+) -> list[str]:
     """Declare the counter's target, create (or replace) its triggers, record its spec,
-    follow its table's partitions, and (``backfill``) count the rows already there."""
+    follow its table's partitions, and (``backfill``) count the rows already there.
+    ``changed``: a declared counter's new definition (its old counter goes when its key
+    or target changed)."""
     statements = [
+        # a recorded declaration whose key or target changed: its old counter goes (the
+        # backfill counts it again), as triggers.install and Django's migrate do
+        render(
+            sqlfiles.query("drop_changed_target"), changed_target_params(spec, declared=changed)
+        ),
         _text(sql.SQL(sqlfiles.query("select_call")).format(call=ensure_target_call(spec))),
         _text(compile_spec(spec).install_sql()).rstrip().rstrip(";"),
         render(
