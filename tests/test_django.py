@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from io import StringIO
 from typing import Any
@@ -188,3 +190,23 @@ def test_estimated_counts(settings: Any) -> None:
         assert EstimatedCountPaginator(Comment.objects.order_by("id"), 100).count == estimate
     finally:
         EstimatedCountPaginator.threshold = 100_000
+
+
+def test_manage_py_pgcounters_into_a_closed_pipe_stops_quietly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`manage.py pgcounters list | head`: the reader goes away before the listing ends;
+    it printed a BrokenPipeError traceback (the console script already stopped quietly)."""
+    from django.core.management.base import CommandError
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader went away
+    gone = os.fdopen(write_end, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", gone)
+    try:
+        with pytest.raises(CommandError) as failed:
+            call_command("pgcounters", "list")
+        assert failed.value.returncode == 1
+        print("x" * 100_000, file=gone)  # what is left to print goes nowhere
+    finally:
+        gone.close()

@@ -101,13 +101,18 @@ def run(
     return run_verb(args, prog)
 
 
+def reader_gone() -> int:
+    """The reader of stdout went away (`pgcounters status | head`): what is left to print
+    goes nowhere, quietly, as with cat. Returns the exit code."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """The console script (and ``python -m pgcounters``): run, then exit with the code."""
     try:
         code = run(argv)
         sys.stdout.flush()
     except BrokenPipeError:
-        # the reader went away (`pgcounters status | head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = EXIT_ERROR
+        code = reader_gone()
     sys.exit(code)

@@ -100,6 +100,10 @@ class Command(BaseCommand):
                 from pgcounters.contrib.django.signals import signal_callback
 
                 on_change = signal_callback(options["database"])
-            code = cli.run(argv, prog=PROG, on_change=on_change)
+            try:
+                code = cli.run(argv, prog=PROG, on_change=on_change)
+                sys.stdout.flush()
+            except BrokenPipeError:  # `manage.py pgcounters list | head`
+                code = cli.reader_gone()
         if code:
             raise CommandError(f"pgcounters exited with status {code}", returncode=code)
