@@ -473,16 +473,27 @@ def truth_query(spec: CounterSpec, extra: sql.Composable | None = None) -> sql.C
     return contributions(spec, spec.source.identifier(), extra=extra)
 
 
-def ensure_target_call(spec: CounterSpec) -> sql.Composed:
+Place: TypeAlias = tuple[str | None, str | None, str | None, str | None]
+
+
+def target_place(spec: CounterSpec) -> Place:
+    """Where a counter's values live as ``pgcounters.targets`` records it: the schema,
+    table, column and key column of a counter column; all None for a named counter."""
     t = spec.target
+    if isinstance(t, ColumnTarget):
+        return t.table.schema, t.table.name, t.column, t.key_column
+    return None, None, None, None
+
+
+def ensure_target_call(spec: CounterSpec) -> sql.Composed:
     args: list[sql.Composable] = [
         *([] if spec.scale is None else [sql.Literal(spec.scale)]),
         sql.Literal(spec.name),
         sql.SQL("{}::text[]").format(sql.Literal("{" + ",".join(spec.key_types) + "}")),
         sql.Literal(spec.mode),
     ]
-    if isinstance(t, ColumnTarget):
-        args += [sql.Literal(v) for v in (t.table.schema, t.table.name, t.column, t.key_column)]
+    if isinstance(spec.target, ColumnTarget):
+        args += [sql.Literal(v) for v in target_place(spec)]
     function = "ensure_target" if spec.scale is None else "ensure_decimal_target"
     return sql.SQL("pgcounters.{}({})").format(sql.SQL(function), sql.SQL(", ").join(args))
 
@@ -490,11 +501,9 @@ def ensure_target_call(spec: CounterSpec) -> sql.Composed:
 def target_identity(spec: CounterSpec) -> str:
     """The counter's identity as ``pgcounters._target_identity`` writes it: the JSON text
     of everything ``ensure_target`` compares (jsonb's spelling: ", " between items)."""
-    t = spec.target
-    where: list[str | None] = [None, None, None, None]
-    if isinstance(t, ColumnTarget):
-        where = [t.table.schema, t.table.name, t.column, t.key_column]
-    return json.dumps([spec.name, list(spec.key_types), spec.mode, *where], ensure_ascii=False)
+    return json.dumps(
+        [spec.name, list(spec.key_types), spec.mode, *target_place(spec)], ensure_ascii=False
+    )
 
 
 def target_id_expr(spec: CounterSpec) -> sql.Composed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -30,6 +30,7 @@ from pgcounters.compiler import (
     events_of,
     probe_query,
     rows_delta_sql,
+    target_place,
     trigger_name,
 )
 from pgcounters.connection import Conn
@@ -308,10 +309,11 @@ def install(conn: Conn, specs: Iterable[CounterSpec], *, backfill: bool = True) 
     return [spec.name for spec in chosen]
 
 
-def as_compiled(conn: Conn, spec: CounterSpec) -> bool:
+def as_compiled(conn: Conn, spec: CounterSpec, recorded: Mapping[str, str]) -> bool:
     """Whether every trigger of ``spec`` is installed, enabled, with the function this
-    version compiles, and the spec recorded: installing it again would change nothing (and
-    would only take locks on its tables)."""
+    version compiles, and the spec recorded (``recorded``: name -> fingerprint of the
+    recorded specs): installing it again would change nothing (and would only take locks
+    on its tables)."""
     compiled = compile_spec(spec).triggers
     params = {
         "names": [t.name for t in compiled],
@@ -320,19 +322,15 @@ def as_compiled(conn: Conn, spec: CounterSpec) -> bool:
     }
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(query("triggers_as_compiled"), params).fetchone()
-    if row is None or row[0] != len(compiled):
-        return False
-    return any(s.name == spec.name and s.fingerprint == spec.fingerprint for s in declared(conn))
+    return (
+        row is not None and row[0] == len(compiled) and recorded.get(spec.name) == spec.fingerprint
+    )
 
 
 def changed_target_params(spec: CounterSpec, *, declared: bool = False) -> dict[str, Any]:
     """The parameters of the statement ``drop_changed_target`` for ``spec`` (``declared``:
     the counter of that name is known to be a declared one, its spec record gone already)."""
-    where: list[str | None] = [None, None, None, None]
-    if isinstance(spec.target, ColumnTarget):
-        t = spec.target
-        where = [t.table.schema, t.table.name, t.column, t.key_column]
-    schema_name, table, column, key_column = where
+    schema_name, table, column, key_column = target_place(spec)
     return {
         "name": spec.name,
         "key_types": list(spec.key_types),

@@ -789,6 +789,10 @@ def forget_dead_listeners(conn: Conn) -> None:
         logger.debug("dead change listeners left to others: %s", str(exc).strip())
 
 
+WAKEUP_MIN, WAKEUP_MAX = 0.001, 3600.0
+"""The wake-up intervals the database keeps (whole milliseconds, at most an hour)."""
+
+
 def enable_wakeups(conn: Conn, interval: float = 0.1) -> None:
     """Install the wake-up triggers on both queues: a commit that queues deltas notifies
     listening workers (:attr:`WorkerSettings.listen`), at most once per ``interval``
@@ -801,7 +805,7 @@ def enable_wakeups(conn: Conn, interval: float = 0.1) -> None:
     """
     if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
         raise ConfigurationError(f"the wake-up interval must be positive, got {interval!r}")
-    if interval < 0.001:  # the database keeps whole milliseconds: it would round it up
+    if interval < WAKEUP_MIN:  # the database keeps whole milliseconds: it would round it up
         raise ConfigurationError(
             f"the wake-up interval must be between 1 ms and 1 hour, got {interval!r} seconds"
         )

@@ -201,7 +201,9 @@ def _check_status(args: argparse.Namespace) -> str | None:
 def _check_wakeup(args: argparse.Namespace) -> str | None:
     if args.interval is not None and args.state != "on":
         return f"--interval applies to `wakeup on`, not to `wakeup {args.state}`"
-    if args.interval is not None and not 0.001 <= args.interval <= 3600:
+    from pgcounters.worker import WAKEUP_MAX, WAKEUP_MIN
+
+    if args.interval is not None and not WAKEUP_MIN <= args.interval <= WAKEUP_MAX:
         return f"--interval must be between 1 ms and 1 hour, got {args.interval:g} seconds"
     return None
 

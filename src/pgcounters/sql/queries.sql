@@ -189,12 +189,13 @@ SELECT pgcounters.note_direct(%(target)s, ARRAY[%(key)s::text]);
 -- name: exact_named
 -- the exact value of one key of a named counter: stored + pending, from one snapshot
 -- (refused while the counter is backfilled: pgcounters._backfilling; NULL when the
--- counter no longer exists)
-SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
-            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
-                          JOIN pgcounters.targets AS g ON g.name = b.name
-                         WHERE g.id = %(t)s)
-            THEN pgcounters._backfilling(%(t)s) ELSE
+-- counter no longer exists: one lookup of the target answers both)
+SELECT CASE (SELECT b.name IS NOT NULL
+               FROM pgcounters.targets AS g
+               LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
+              WHERE g.id = %(t)s)
+            WHEN true THEN pgcounters._backfilling(%(t)s)
+            WHEN false THEN
        (coalesce((SELECT value FROM pgcounters.counters
                    WHERE target_id = %(t)s AND key = %(k)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
@@ -206,11 +207,12 @@ SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = 
 -- on a hot standby: the logged queue only (a standby cannot plan a statement
 -- that names the unlogged queue, which is empty there); refused while the
 -- counter is backfilled, as on the primary
-SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
-            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
-                          JOIN pgcounters.targets AS g ON g.name = b.name
-                         WHERE g.id = %(t)s)
-            THEN pgcounters._backfilling(%(t)s) ELSE
+SELECT CASE (SELECT b.name IS NOT NULL
+               FROM pgcounters.targets AS g
+               LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
+              WHERE g.id = %(t)s)
+            WHEN true THEN pgcounters._backfilling(%(t)s)
+            WHEN false THEN
        (coalesce((SELECT value FROM pgcounters.counters
                    WHERE target_id = %(t)s AND key = %(k)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
@@ -226,12 +228,13 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)
 -- name: exact_column
 -- the exact value of one row of a column counter: stored + pending, from one snapshot
 -- (refused while the counter is backfilled: pgcounters._backfilling; NULL when the
--- counter no longer exists)
-SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
-            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
-                          JOIN pgcounters.targets AS g ON g.name = b.name
-                         WHERE g.id = %(t)s)
-            THEN pgcounters._backfilling(%(t)s) ELSE
+-- counter no longer exists: one lookup of the target answers both)
+SELECT CASE (SELECT b.name IS NOT NULL
+               FROM pgcounters.targets AS g
+               LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
+              WHERE g.id = %(t)s)
+            WHEN true THEN pgcounters._backfilling(%(t)s)
+            WHEN false THEN
        (coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0)
@@ -240,11 +243,12 @@ SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = 
 
 -- name: exact_column_logged
 -- on a hot standby: the exact value of one key of a column counter, from the logged queue
-SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
-            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
-                          JOIN pgcounters.targets AS g ON g.name = b.name
-                         WHERE g.id = %(t)s)
-            THEN pgcounters._backfilling(%(t)s) ELSE
+SELECT CASE (SELECT b.name IS NOT NULL
+               FROM pgcounters.targets AS g
+               LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
+              WHERE g.id = %(t)s)
+            WHEN true THEN pgcounters._backfilling(%(t)s)
+            WHEN false THEN
        (coalesce((SELECT {units} FROM {table} AS x WHERE x.{key_column} = %(v)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
@@ -260,11 +264,12 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)
 -- the exact values of several keys of a named counter, in the order asked, from one snapshot
 -- (refused while the counter is backfilled: pgcounters._backfilling)
 SELECT w.ord,
-       CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
-            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
-                           JOIN pgcounters.targets AS g ON g.name = b.name
-                          WHERE g.id = %(t)s)
-            THEN pgcounters._backfilling(%(t)s) ELSE
+       CASE (SELECT b.name IS NOT NULL
+               FROM pgcounters.targets AS g
+               LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
+              WHERE g.id = %(t)s)
+            WHEN true THEN pgcounters._backfilling(%(t)s)
+            WHEN false THEN
        (coalesce(c.value, 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0)
@@ -279,11 +284,12 @@ SELECT w.ord,
 -- name: exact_named_many_logged
 -- on a hot standby: the exact values of several keys of a named counter, from the logged queue
 SELECT w.ord,
-       CASE WHEN NOT EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s) THEN NULL
-            WHEN EXISTS (SELECT 1 FROM pgcounters.backfills AS b
-                           JOIN pgcounters.targets AS g ON g.name = b.name
-                          WHERE g.id = %(t)s)
-            THEN pgcounters._backfilling(%(t)s) ELSE
+       CASE (SELECT b.name IS NOT NULL
+               FROM pgcounters.targets AS g
+               LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
+              WHERE g.id = %(t)s)
+            WHEN true THEN pgcounters._backfilling(%(t)s)
+            WHEN false THEN
        (coalesce(c.value, 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint END

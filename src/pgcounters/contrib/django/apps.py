@@ -208,6 +208,7 @@ def _install_through_counters(conn: Any, using: str) -> None:
         }
     ):
         triggers.uninstall(conn, name)
+    recorded = {s.name: s.fingerprint for s in triggers.declared(conn)}
     introspection = connections[using].introspection
     tables = set(introspection.table_names())
     chosen = []
@@ -227,7 +228,7 @@ def _install_through_counters(conn: Any, using: str) -> None:
                 described = introspection.get_table_description(cur, target.name)
             if column not in {c.name for c in described}:
                 continue
-        if not triggers.as_compiled(conn, spec):
+        if not triggers.as_compiled(conn, spec, recorded):
             # only when they changed: installing them again takes locks on their tables
             # (and on the parent's), which a migrate with nothing to do must not
             chosen.append(spec)
