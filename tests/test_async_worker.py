@@ -32,7 +32,10 @@ def test_the_worker_drains_beside_the_application_in_its_loop(dsn: str, conn: Co
 
     async def main() -> None:
         aconn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        async with aconn, AsyncWorker(dsn, WorkerSettings(batch_size=50)) as worker:
+        async with (
+            aconn,
+            AsyncWorker(dsn, WorkerSettings(batch_size=50, max_batch_size=50)) as worker,
+        ):
             pc = AsyncCounters(aconn)
             for i in range(300):
                 await pc.incr("views", i % 7)

@@ -39,7 +39,9 @@ def test_drain_with_a_bound_reports_what_is_left(
     run(capsys, dsn, "create", "c", "--key", "bigint")
     for k in range(5):
         run(capsys, dsn, "incr", "c", str(k))
-    code, out, _ = run(capsys, dsn, "drain", "--batch-size", "2", "--max-batches", "1")
+    code, out, _ = run(
+        capsys, dsn, "drain", "--batch-size", "2", "--max-batch-size", "2", "--max-batches", "1"
+    )
     assert code == cli.EXIT_MORE
     assert "3 still queued" in out
     assert run(capsys, dsn, "drain", "--max-batches", "10")[0] == 0

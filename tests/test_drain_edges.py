@@ -115,7 +115,10 @@ def test_the_worker_does_not_wait_between_short_batches(dsn: str, conn: Conn, pc
         (c,),
     )
     conn.execute("DELETE FROM pgcounters.queue WHERE id % 2 = 0")
-    worker = Worker(dsn, WorkerSettings(batch_size=1000, min_interval=30, max_interval=30))
+    settings = WorkerSettings(
+        batch_size=1000, max_batch_size=1000, min_interval=30, max_interval=30
+    )
+    worker = Worker(dsn, settings)
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:

@@ -196,6 +196,9 @@ def test_drain_inside_a_transaction_is_refused(dsn: str) -> None:
         {"time_limit": float("nan")},
         {"time_limit": -0.5},
         {"time_limit": "1"},
+        {"max_batch_size": 0},
+        {"max_batch_size": 2**31},
+        {"max_batch_size": True},
     ],
 )
 def test_bad_drain_bounds_are_refused_before_any_batch(pc: Counters, bound: Any) -> None:

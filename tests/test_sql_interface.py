@@ -218,6 +218,8 @@ def test_drain_all_drains_both_queues_one_transaction_per_batch(conn: Conn) -> N
     for key in (1, 2, 3):
         pc.incr("logged", key, key)
         pc.incr("fast", key, 10 * key)
+    # fixed batches: the largest batch of a queue holding more is the batch size
+    conn.execute("SET pgcounters.max_batch_size = 1")
     row = conn.execute("CALL pgcounters.drain_all(batch_size => 1)").fetchone()
     assert row == (6, 0, 0)
     assert conn.execute(
@@ -231,6 +233,43 @@ def test_drain_all_drains_both_queues_one_transaction_per_batch(conn: Conn) -> N
         "SELECT count(DISTINCT xmin::text) FROM pgcounters.counters"
     ).fetchone() == (6,)
     assert conn.execute("CALL pgcounters.drain_all()").fetchone() == (0, 0, 0)
+
+
+def test_drain_all_takes_a_queue_holding_more_than_a_batch_in_one(conn: Conn) -> None:
+    pc = Counters(conn)
+    pc.create_counter("logged", int)
+    pc.create_counter("fast", int, mode="unlogged")
+    for key in (1, 2, 3, 4):
+        pc.incr("logged", key, key)
+        pc.incr("fast", key, 10 * key)
+        pc.incr("fast", key, 10 * key)
+    # unset: each queue in one batch
+    assert conn.execute("CALL pgcounters.drain_all(batch_size => 1)").fetchone() == (12, 0, 0)
+    assert conn.execute(
+        "SELECT count(DISTINCT xmin::text) FROM pgcounters.counters"
+    ).fetchone() == (2,)
+    assert pc.get_many("fast", [1, 2, 3, 4], exact=False) == [20, 40, 60, 80]
+    # batches of at most 3 (4 + 8 deltas: 3 + 1 and 3 + 3 + 2)
+    conn.execute("TRUNCATE pgcounters.counters")
+    for key in (1, 2, 3, 4):
+        pc.incr("logged", key, key)
+        pc.incr("fast", key, 10 * key)
+        pc.incr("fast", key, 10 * key)
+    conn.execute("SET pgcounters.max_batch_size = 3")
+    assert conn.execute("CALL pgcounters.drain_all(batch_size => 1)").fetchone() == (12, 0, 0)
+    assert conn.execute(
+        "SELECT count(DISTINCT xmin::text) FROM pgcounters.counters"
+    ).fetchone() == (5,)
+    assert pc.get_many("logged", [1, 2, 3, 4], exact=False) == [1, 2, 3, 4]
+    assert pc.get_many("fast", [1, 2, 3, 4], exact=False) == [20, 40, 60, 80]
+    pc.incr("logged", 1)
+    for bad in ("0", "many", "2147483648", "-5"):
+        conn.execute("SELECT set_config('pgcounters.max_batch_size', %s, false)", (bad,))
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("CALL pgcounters.drain_all()")
+        assert refused.value.sqlstate == "PC005"
+        assert "pgcounters.max_batch_size must be a positive integer" in str(refused.value)
+    assert conn.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (1,)
 
 
 def test_drain_all_refuses_a_transaction_block(conn: Conn, dsn: str, tmp_path: Path) -> None:

@@ -130,6 +130,8 @@ def test_a_batch_over_statement_timeout_is_retried_smaller(
     [
         ("batch_size", 0),
         ("batch_size", 2.5),
+        ("max_batch_size", 0),
+        ("max_batch_size", 2**31),
         ("min_interval", 0),
         ("max_interval", -1),
         ("statement_timeout", -1),

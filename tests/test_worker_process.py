@@ -139,8 +139,9 @@ def test_kill_9_in_the_middle_of_batches_loses_nothing_and_applies_nothing_twice
     rng = random.Random(20)
     try:
         while kills < 20:
-            proc = spawn(dsn, "--batch-size", "2000", "--min-interval", "0.01", "--log-level",
-                         "warning", log=subprocess.DEVNULL)  # fmt: skip
+            # batches of 2,000 at most: the kills land among many committed batches
+            proc = spawn(dsn, "--batch-size", "2000", "--max-batch-size", "2000", "--min-interval",
+                         "0.01", "--log-level", "warning", log=subprocess.DEVNULL)  # fmt: skip
             try:
                 wait_for(lambda: draining(conn), timeout=60, step=0.002)
                 time.sleep(rng.uniform(0, 0.05))
@@ -181,7 +182,7 @@ def test_sigterm_finishes_the_batch_and_exits_0(dsn: str, conn: Conn, pc: Counte
     _declare(conn, pc)
     fill(conn, "k", "queue", 300_000, 100)
     before = exact(pc, COUNTERS)
-    proc = spawn(dsn, "--batch-size", "500")
+    proc = spawn(dsn, "--batch-size", "500", "--max-batch-size", "500")
     assert proc.stderr is not None
     wait_for(lambda: draining(conn), timeout=60, step=0.005)
     proc.send_signal(signal.SIGTERM)

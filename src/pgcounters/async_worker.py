@@ -281,23 +281,22 @@ class AsyncWorker:
         got = 0
         full = busy = False
         try:
-            cur = await conn.execute(_ops("queues_holding"))
-            holding = await cur.fetchone() or (True, True)
+            cur = await conn.execute(_ops("queue_spans"))
+            spans = await cur.fetchone() or (1, 1)
         except (pg.FeatureNotSupported, pg.ObjectNotInPrerequisiteState):
             # a standby cannot read an unlogged table: the drain says what is wrong
-            holding = (True, True)
+            spans = (1, 1)
         for unlogged in (False, True):
             if self.stopping:
                 break
-            if not holding[unlogged]:
+            if not spans[unlogged]:
                 continue
+            size = self._core._size_for(int(spans[unlogged]))
             batch = await run_async(
-                self._plans._drain_queue_batch(
-                    self._core._batch_size, unlogged, one_statement=True
-                ),
+                self._plans._drain_queue_batch(size, unlogged, one_statement=True),
                 conn,
             )
-            batch_got, batch_full, batch_busy = self._core._note_batch(batch, unlogged)
+            batch_got, batch_full, batch_busy = self._core._note_batch(batch, unlogged, size)
             got += batch_got
             full = full or batch_full
             busy = busy or batch_busy

@@ -77,6 +77,24 @@ _ENQUEUE = query("enqueue")  # the statement of a queued increment
 INT_MAX = 2**31 - 1  # a drain batch size is an integer parameter of drain_batch()
 _DRAIN_RETRIES = 5
 
+MAX_BATCH_SIZE = 500_000
+"""The most deltas a drain (:meth:`Counters.drain`, the worker) takes in one batch when a
+queue holds more than a batch: a backlog is applied in one larger batch, so that each key
+is written once for all of its deltas instead of once per batch."""
+
+
+def batch_for(queued: int, batch_size: int, max_batch_size: int) -> int:
+    """The size of the next batch of a queue holding about ``queued`` deltas: ``batch_size``,
+    or all of them up to ``max_batch_size`` when more are queued."""
+    return max(batch_size, min(queued, max_batch_size, INT_MAX))
+
+
+def check_batch_size(name: str, value: object) -> int:
+    """``value`` as a batch size (a positive int of at most 2**31 - 1), or InvalidArgument."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
+        raise InvalidArgument(f"{name} must be a positive int of at most {INT_MAX}, got {value!r}")
+    return value
+
 
 @dataclass(frozen=True)
 class Counter:
@@ -968,14 +986,7 @@ class _CounterPlans:
         own transaction: one round trip instead of four. A batch PostgreSQL aborts is
         retried as usual.
         """
-        if (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, int)
-            or not 1 <= batch_size <= INT_MAX
-        ):
-            raise InvalidArgument(
-                f"batch size must be a positive int of at most {INT_MAX}, got {batch_size!r}"
-            )
+        check_batch_size("batch size", batch_size)
         conn: ConnState = yield Connection()
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise DrainError("drain must run outside a transaction: each batch commits on its own")
@@ -1044,6 +1055,7 @@ class _CounterPlans:
     def _drain(
         self,
         batch_size: int,
+        max_batch_size: int,
         max_batches: int | None,
         time_limit: float | None,
         stop: Callable[[], bool] | None,
@@ -1058,6 +1070,12 @@ class _CounterPlans:
         SQL). Deltas whose parent rows other transactions hold are left queued
         (``DrainResult.busy``): the drain never waits for an application.
         ``stop`` is asked before every batch (e.g. set by a signal handler).
+
+        ``max_batch_size``: a queue holding more than ``batch_size`` deltas is taken in
+        one batch of up to this many (each key is then written once for all of its
+        deltas: a backlog over many keys drains several times faster); the batch's
+        transaction is longer, and holds the rows it changes until it commits. Equal to
+        ``batch_size`` (or less), every batch is of ``batch_size``.
 
         ``statement_timeout``: seconds a batch may run before PostgreSQL cancels
         it (0: no limit), for this drain only: the session's own setting is put
@@ -1078,8 +1096,11 @@ class _CounterPlans:
             raise InvalidArgument(
                 f"time_limit must be a number of seconds >= 0 or None, got {time_limit!r}"
             )
+        check_batch_size("batch size", batch_size)
+        check_batch_size("max_batch_size", max_batch_size)
+        sizes = (batch_size, max_batch_size)
         if statement_timeout is None:
-            return (yield from self._drain_queues(batch_size, max_batches, time_limit, stop))
+            return (yield from self._drain_queues(sizes, max_batches, time_limit, stop))
         if (
             isinstance(statement_timeout, bool)
             or not isinstance(statement_timeout, int | float)
@@ -1109,12 +1130,12 @@ class _CounterPlans:
 
         previous: str = yield Transaction(set_timeout())
         try:
-            result = yield from self._drain_queues(batch_size, max_batches, time_limit, stop)
+            result = yield from self._drain_queues(sizes, max_batches, time_limit, stop)
         except psycopg.errors.QueryCanceled as exc:
             yield from put_back(previous)
             raise DrainError(
                 "a batch was cancelled by the statement timeout and rolled back (its deltas "
-                "stay queued): use a smaller batch size or a longer statement timeout"
+                "stay queued): use a smaller (maximum) batch size or a longer statement timeout"
             ) from exc
         except BaseException:
             # a failure, or the task cancelled (asyncio.CancelledError): the connection
@@ -1126,7 +1147,7 @@ class _CounterPlans:
 
     def _drain_queues(
         self,
-        batch_size: int,
+        sizes: tuple[int, int],
         max_batches: int | None,
         time_limit: float | None,
         stop: Callable[[], bool] | None,
@@ -1149,7 +1170,11 @@ class _CounterPlans:
                     return result()
                 if stop is not None and stop():
                     return result()
-                batch = yield from self._drain_queue_batch(batch_size, unlogged)
+                size = sizes[0]
+                if sizes[1] > size:
+                    span = yield Transaction(fetch_one(query("queue_span"), {"unlogged": unlogged}))
+                    size = batch_for(int(span[0]) if span else 0, *sizes)
+                batch = yield from self._drain_queue_batch(size, unlogged)
                 batches += 1
                 deltas += batch.deltas
                 keys += batch.keys
@@ -1331,12 +1356,17 @@ class Counters(_CounterPlans):
         self,
         batch_size: int = 10_000,
         *,
+        max_batch_size: int = MAX_BATCH_SIZE,
         max_batches: int | None = None,
         time_limit: float | None = None,
         stop: Callable[[], bool] | None = None,
         statement_timeout: float | None = None,
     ) -> DrainResult:
-        return self._run(self._drain(batch_size, max_batches, time_limit, stop, statement_timeout))
+        return self._run(
+            self._drain(
+                batch_size, max_batch_size, max_batches, time_limit, stop, statement_timeout
+            )
+        )
 
 
 class AsyncCounters(_CounterPlans):
@@ -1512,13 +1542,16 @@ class AsyncCounters(_CounterPlans):
         self,
         batch_size: int = 10_000,
         *,
+        max_batch_size: int = MAX_BATCH_SIZE,
         max_batches: int | None = None,
         time_limit: float | None = None,
         stop: Callable[[], bool] | None = None,
         statement_timeout: float | None = None,
     ) -> DrainResult:
         return await self._run(
-            self._drain(batch_size, max_batches, time_limit, stop, statement_timeout)
+            self._drain(
+                batch_size, max_batch_size, max_batches, time_limit, stop, statement_timeout
+            )
         )
 
 

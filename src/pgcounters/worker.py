@@ -40,7 +40,15 @@ import psycopg
 from psycopg import errors as pg
 
 from pgcounters import backfill, notifications, schema
-from pgcounters.client import BatchResult, Counters, record_retry, retry_reason
+from pgcounters.client import (
+    INT_MAX,
+    MAX_BATCH_SIZE,
+    BatchResult,
+    Counters,
+    batch_for,
+    record_retry,
+    retry_reason,
+)
 from pgcounters.config import connect, redact
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
@@ -78,7 +86,13 @@ class WorkerSettings:
     """How a worker drains, waits and reconnects. Times are in seconds."""
 
     batch_size: int = 10_000
-    """Deltas per batch (one transaction)."""
+    """Deltas per batch (one transaction) while the worker keeps up."""
+    max_batch_size: int = MAX_BATCH_SIZE
+    """Deltas of a batch at most when a queue holds more than ``batch_size``: a backlog is
+    applied in one larger batch, each key written once for all its deltas (several times
+    faster over many keys), in a longer transaction that holds the rows it changes (the
+    parent rows of counter columns too) until it commits. ``batch_size`` or less: every
+    batch is of ``batch_size``."""
     min_interval: float = 0.05
     """Wait after a round that found some deltas; the first wait when idle."""
     max_interval: float = 2.0
@@ -123,14 +137,12 @@ class WorkerSettings:
                 kind = "a non-negative" if allow_zero else "a positive"
                 raise ConfigurationError(f"{name} must be {kind} number, got {value!r}")
 
-        if (
-            isinstance(self.batch_size, bool)
-            or not isinstance(self.batch_size, int)
-            or self.batch_size < 1
-        ):
-            raise ConfigurationError(
-                f"batch_size must be a positive integer, got {self.batch_size!r}"
-            )
+        for name in ("batch_size", "max_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
+                raise ConfigurationError(
+                    f"{name} must be a positive integer of at most {INT_MAX}, got {value!r}"
+                )
         for name in ("min_interval", "max_interval", "reconnect_min", "reconnect_max"):
             positive(name, getattr(self, name))
         for name in (
@@ -241,6 +253,9 @@ class Worker:
         self._report_direct = True
         self._stats = WorkerStats(batch_size=self.settings.batch_size)
         self._batch_size = self.settings.batch_size
+        # the most deltas of a batch of a queue holding more (halved by a statement timeout)
+        self._batch_cap = max(self.settings.batch_size, self.settings.max_batch_size)
+        self._last_size = self._batch_size
         self._backfills = True  # off once the role turns out unable to run them
         # counters whose backfill this role may not run (it may not read their tables)
         self._backfills_refused: dict[str, PermissionDenied] = {}
@@ -472,14 +487,17 @@ class Worker:
             # PostgreSQL aborted the batch (nothing of it was applied): a retry, counted for
             # `status` and Prometheus like recount's and verify's
             reason = retry_reason(exc)
-            if isinstance(exc, pg.QueryCanceled) and self._batch_size > MIN_BATCH_SIZE:
-                self._batch_size = max(MIN_BATCH_SIZE, self._batch_size // 2)
+            if isinstance(exc, pg.QueryCanceled) and self._last_size > MIN_BATCH_SIZE:
+                # the batch that took too long, halved: the most of any batch from now on
+                self._batch_cap = max(MIN_BATCH_SIZE, self._last_size // 2)
+                self._batch_size = min(self._batch_size, self._batch_cap)
                 with self._lock:
                     self._stats.batch_size = self._batch_size
                 logger.warning(
-                    "a drain batch was aborted (%s) and is retried; batches are now of %d deltas",
+                    "a drain batch was aborted (%s) and is retried; batches are now of at "
+                    "most %d deltas",
                     reason,
-                    self._batch_size,
+                    self._batch_cap,
                 )
             else:
                 logger.warning("a drain batch was aborted (%s) and is retried", reason)
@@ -501,18 +519,19 @@ class Worker:
         full = False
         busy = False
         try:
-            holding = conn.execute(_ops("queues_holding")).fetchone() or (True, True)
+            spans = conn.execute(_ops("queue_spans")).fetchone() or (1, 1)
         except (pg.FeatureNotSupported, pg.ObjectNotInPrerequisiteState):
             # a standby cannot read an unlogged table: the drain says what is wrong
-            holding = (True, True)
+            spans = (1, 1)
         for unlogged in (False, True):
             if self._stop.is_set():
                 break
-            if not holding[unlogged]:
+            if not spans[unlogged]:
                 continue
+            size = self._size_for(int(spans[unlogged]))
             batch = pc._run(
                 pc._drain_queue_batch(
-                    self._batch_size,
+                    size,
                     unlogged,
                     self._notifier.active,
                     one_statement=True,
@@ -521,7 +540,7 @@ class Worker:
             )
             if batch.changes:
                 self._notifier.committed(conn, batch.changes)
-            batch_got, batch_full, batch_busy = self._note_batch(batch, unlogged)
+            batch_got, batch_full, batch_busy = self._note_batch(batch, unlogged, size)
             got += batch_got
             full = full or batch_full
             busy = busy or batch_busy
@@ -632,13 +651,18 @@ class Worker:
         self._retention = False
         logger.warning("retention of counters per period left to others: %s", exc)
 
-    def _note_batch(self, batch: BatchResult, unlogged: bool) -> tuple[int, bool, bool]:
-        """Count and log one drain batch: (deltas it settled, whether it was full, whether
-        it left deltas busy)."""
+    def _size_for(self, queued: int) -> int:
+        """The size of the next batch of a queue holding about ``queued`` deltas."""
+        self._last_size = batch_for(queued, self._batch_size, self._batch_cap)
+        return self._last_size
+
+    def _note_batch(self, batch: BatchResult, unlogged: bool, size: int) -> tuple[int, bool, bool]:
+        """Count and log one drain batch of at most ``size`` deltas: (deltas it settled,
+        whether it was full, whether it left deltas busy)."""
         deltas = batch.deltas + batch.quarantined
         # deltas left busy with more queued ahead of them: go on at once
         got = deltas + (batch.busy if batch.ahead else 0)
-        full = deltas + batch.busy >= self._batch_size
+        full = deltas + batch.busy >= size
         busy = False
         queue = "unlogged" if unlogged else "logged"
         if deltas:

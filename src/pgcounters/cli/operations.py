@@ -19,6 +19,7 @@ from pgcounters.cli.types import (
     positive_seconds,
     statement_seconds,
 )
+from pgcounters.client import MAX_BATCH_SIZE
 from pgcounters.config import connect
 from pgcounters.notifications import MAX_KEYS
 
@@ -102,6 +103,7 @@ def _cmd_drain(args: argparse.Namespace, dsn: str) -> int:
         pc = Counters(conn)
         result = pc.drain(
             args.batch_size,
+            max_batch_size=args.max_batch_size,
             max_batches=args.max_batches,
             time_limit=args.time_limit,
             stop=lambda: signals.received > 0,
@@ -139,6 +141,7 @@ def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
     configure_worker_logging(args.log_level)
     settings = WorkerSettings(
         batch_size=args.batch_size,
+        max_batch_size=args.max_batch_size,
         min_interval=args.min_interval,
         max_interval=args.max_interval,
         linger=args.linger,
@@ -286,6 +289,10 @@ def configure_operations(sub: Any) -> None:
 
     p = add("drain", _cmd_drain, "apply queued deltas (one transaction per batch)")
     p.add_argument("--batch-size", type=positive_int, default=10_000)
+    p.add_argument(
+        "--max-batch-size", type=positive_int, default=MAX_BATCH_SIZE, metavar="N",
+        help="a queue holding more than a batch is applied in one batch of up to N deltas",
+    )  # fmt: skip
     p.add_argument("--max-batches", type=non_negative_int)
     p.add_argument(
         "--time-limit",
@@ -304,6 +311,10 @@ def configure_operations(sub: Any) -> None:
 
     p = add("worker", _cmd_worker, "drain continuously until SIGTERM (one transaction per batch)")
     p.add_argument("--batch-size", type=positive_int, default=10_000, help="deltas per batch")
+    p.add_argument(
+        "--max-batch-size", type=positive_int, default=MAX_BATCH_SIZE, metavar="N",
+        help="a queue holding more than a batch is applied in one batch of up to N deltas",
+    )  # fmt: skip
     p.add_argument("--min-interval", type=positive_seconds, default=0.05, metavar="S",
                    help="first wait when idle")  # fmt: skip
     p.add_argument("--max-interval", type=positive_seconds, default=2.0, metavar="S",

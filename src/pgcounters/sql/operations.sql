@@ -13,12 +13,16 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false),
 SELECT pgcounters.refresh_target_ids(false)
  WHERE pg_catalog.has_function_privilege('pgcounters.refresh_target_ids(boolean)', 'EXECUTE');
 
--- name: queues_holding
--- Which queues hold a delta (the first id by the primary key: dead rows of drained
--- batches are not read one by one). A worker drains only those: an empty queue costs
--- this one look instead of a drain transaction.
-SELECT (SELECT id FROM pgcounters.queue ORDER BY id LIMIT 1) IS NOT NULL,
-       (SELECT id FROM pgcounters.queue_unlogged ORDER BY id LIMIT 1) IS NOT NULL;
+-- name: queue_spans
+-- How many deltas each queue may hold: last id - first id + 1 by the primary key (0 when
+-- empty; dead rows of drained batches are not read one by one). A worker drains only the
+-- queues holding some, and a queue holding more than a batch in one larger batch (each key
+-- is then written once for all its deltas). An upper bound: ids of rolled-back inserts and
+-- of rows other drainers hold count too.
+SELECT coalesce((SELECT id FROM pgcounters.queue ORDER BY id DESC LIMIT 1)
+                - (SELECT id FROM pgcounters.queue ORDER BY id LIMIT 1) + 1, 0),
+       coalesce((SELECT id FROM pgcounters.queue_unlogged ORDER BY id DESC LIMIT 1)
+                - (SELECT id FROM pgcounters.queue_unlogged ORDER BY id LIMIT 1) + 1, 0);
 
 -- name: listen
 -- the worker listens for wake-ups

@@ -357,6 +357,17 @@ SELECT pg_is_in_recovery(), coalesce(pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn
 -- one drain batch of one queue: deltas applied, counter values changed
 SELECT deltas, keys FROM pgcounters.drain_batch(%(limit)s, %(unlogged)s);
 
+-- name: queue_span
+-- How many deltas one queue may hold (operations.sql, queue_spans, says how): a drain to
+-- the end takes a queue holding more than a batch in one larger batch.
+SELECT CASE WHEN %(unlogged)s THEN
+    coalesce((SELECT id FROM pgcounters.queue_unlogged ORDER BY id DESC LIMIT 1)
+             - (SELECT id FROM pgcounters.queue_unlogged ORDER BY id LIMIT 1) + 1, 0)
+ELSE
+    coalesce((SELECT id FROM pgcounters.queue ORDER BY id DESC LIMIT 1)
+             - (SELECT id FROM pgcounters.queue ORDER BY id LIMIT 1) + 1, 0)
+END;
+
 -- name: drain_queue
 -- one drain batch of one queue, with the deltas left busy and set aside
 SELECT deltas, keys, busy, quarantined, ahead

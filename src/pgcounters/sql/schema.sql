@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 29
+-- version: 30
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -1442,8 +1442,9 @@ BEGIN
 END;
 $$;
 
--- Drain both queues to empty, committing after every batch (at most batch_size
--- deltas each), the queues taking turns: CALL pgcounters.drain_all(); from psql
+-- Drain both queues to empty, committing after every batch (batch_size deltas, or a
+-- queue holding more in one batch of up to pgcounters.max_batch_size, 500000 when
+-- unset), the queues taking turns: CALL pgcounters.drain_all(); from psql
 -- or cron. Each batch is drain_queue, which never waits on a row an application
 -- holds: deltas of such rows stay queued (busy) for a later drain. A procedure
 -- that commits cannot run inside a transaction block: it refuses to (PC005).
@@ -1461,12 +1462,24 @@ DECLARE
     v_unlogged boolean;
     v_done boolean[] := ARRAY[false, false];
     v_busy bigint[] := ARRAY[0, 0];
+    v_setting text := nullif(current_setting('pgcounters.max_batch_size', true), '');
+    v_max bigint := 500000;
+    v_span bigint;
     i integer;
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 THEN
         RAISE EXCEPTION 'batch size must be a positive integer, got %',
             coalesce(batch_size::text, 'NULL')
             USING ERRCODE = 'PC005';
+    END IF;
+    IF v_setting IS NOT NULL THEN
+        IF v_setting !~ '^\s*[0-9]{1,10}\s*$' OR v_setting::bigint NOT BETWEEN 1 AND 2147483647
+        THEN
+            RAISE EXCEPTION 'pgcounters.max_batch_size must be a positive integer of at most '
+                            '2147483647, got %', v_setting
+                USING ERRCODE = 'PC005';
+        END IF;
+        v_max := v_setting::bigint;
     END IF;
     IF now() <> statement_timestamp() THEN
         RAISE EXCEPTION 'pgcounters.drain_all commits after every batch: CALL it outside '
@@ -1484,7 +1497,20 @@ BEGIN
             v_unlogged := i = 2;
             -- Read Committed whatever the session's default (as the worker's batches)
             SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-            SELECT * INTO r FROM pgcounters.drain_queue(batch_size, v_unlogged);
+            v_span := 0;
+            IF v_max > batch_size THEN
+                -- a queue holding more than a batch: all of it in one, up to v_max
+                IF v_unlogged THEN
+                    SELECT coalesce(max(q.id) - min(q.id) + 1, 0) INTO v_span
+                      FROM pgcounters.queue_unlogged AS q;
+                ELSE
+                    SELECT coalesce(max(q.id) - min(q.id) + 1, 0) INTO v_span
+                      FROM pgcounters.queue AS q;
+                END IF;
+            END IF;
+            SELECT * INTO r
+              FROM pgcounters.drain_queue(greatest(batch_size, least(v_span, v_max))::integer,
+                                          v_unlogged);
             COMMIT;
             deltas := deltas + r.deltas;
             quarantined := quarantined + r.quarantined;

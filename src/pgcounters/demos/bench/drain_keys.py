@@ -1,14 +1,19 @@
 """How the drain's rate follows the number of distinct keys, and top-N of a named counter.
 
 ``drain-keys``: N deltas of 1 (500k; 50k with ``--quick``) are queued over K
-distinct keys (not timed), then drained to the end in batches of 10k, one
-transaction each (timed), for K from 10 to 500k. Variants, interleaved, each on
-the same queue contents:
+distinct keys (not timed), then drained to the end, one transaction a batch
+(timed), for K from 10 to 500k. Variants, interleaved, each on the same queue
+contents:
 
-* ``pgcounters``: :meth:`Counters.drain` of a named counter;
-* ``value index``: the same with an index on ``(target_id, value DESC)`` created
-  on ``pgcounters.counters`` for the run: how named counters were stored before
-  rank bands (every update of a value is then a new entry in both indexes);
+* ``pgcounters``: :meth:`Counters.drain` of a named counter, as the worker drains
+  (batches of 10k, a queue holding more taken in one batch of up to
+  ``MAX_BATCH_SIZE``);
+* ``fixed batches``: the same drain in batches of 10k only (``max_batch_size``
+  10k): what the larger batch of a backlog gives, side by side;
+* ``value index``: the drain before: fixed batches of 10k, and an index on
+  ``(target_id, value DESC)`` created on ``pgcounters.counters`` for the run (how
+  named counters were stored before rank bands: every update of a value is then a
+  new entry in both indexes);
 * ``between-claim``: the reference ``id BETWEEN`` claim on pgcounters' queue with a
   plain sum and upsert (``reference_between_drain_batch``): the textbook drain on the
   same queue, unsafe beside a second drainer;
@@ -16,10 +21,12 @@ the same queue contents:
   (``counter_name text``); its UPDATE-only merge needs every counter's row to
   exist, so the rows are created before the run (not timed);
 * ``pgcounters column``: :meth:`Counters.drain` of a counter column of a parent
-  table with K rows;
+  table with K rows (as ``pgcounters``);
 * ``textbook column``: the ``BETWEEN`` claim, a sum per key and one UPDATE of the
   parent rows (``reference_between_drain_column``): it waits on any row an
   application holds, pgcounters' column drain never does.
+
+The textbook drains run in batches of 10k, as the reference technique does.
 
 Every run checks every total (each key holds N / K).
 
@@ -36,7 +43,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pgcounters.client import Counters
+from pgcounters.client import MAX_BATCH_SIZE, Counters
 from pgcounters.config import connect
 from pgcounters.connection import Conn
 from pgcounters.demos import sqlfiles
@@ -44,7 +51,7 @@ from pgcounters.demos.bench.report import Comparison, Measurement, Scenario
 from pgcounters.schema import install
 
 BATCH = 10_000
-NAMED = ("pgcounters", "value index", "between-claim", "reference-between")
+NAMED = ("pgcounters", "fixed batches", "value index", "between-claim", "reference-between")
 COLUMN = ("pgcounters column", "textbook column")
 VARIANTS = NAMED + COLUMN
 COUNTER = "bench.keys"
@@ -152,6 +159,8 @@ def _drain(conn: Conn, variant: str) -> int:
             "SELECT reference_between_drain_column(%s)",
             "SELECT min(id) FROM pgcounters.queue",
         )
+    if variant in ("fixed batches", "value index"):
+        return Counters(conn).drain(BATCH, max_batch_size=BATCH).batches
     return Counters(conn).drain(BATCH).batches
 
 
@@ -213,11 +222,13 @@ def drain_keys(dsn: str, repeat: int, quick: bool) -> Scenario:
     n, key_counts = _size(quick)
     scenario = Scenario(
         "drain-keys",
-        f"Drain {n:,} queued deltas of 1 over K distinct keys to the end, batches of "
-        f"{BATCH:,}, one transaction each; named counters and a counter column (a parent "
-        "table of K rows). value index: pgcounters' drain with an index on the value, as "
-        "named counters were stored before rank bands. between-claim / textbook column: "
-        "the textbook BETWEEN drain on the same queue. Every total checked. Targets at 100k "
+        f"Drain {n:,} queued deltas of 1 over K distinct keys to the end, one transaction a "
+        "batch; named counters and a counter column (a parent table of K rows). pgcounters: "
+        f"batches of {BATCH:,}, a backlog in one batch of up to {MAX_BATCH_SIZE:,} (as the "
+        f"worker drains). fixed batches: the same in batches of {BATCH:,}. value index: the "
+        f"drain before (batches of {BATCH:,}, an index on the value, as named counters were "
+        "stored before rank bands). between-claim / textbook column: the textbook BETWEEN "
+        f"drain on the same queue, batches of {BATCH:,}. Every total checked. Targets at 100k "
         "keys and more: >= 3x the value index, >= 1x the textbook drain.",
         unit="deltas",
         extra_aggregate="median",
@@ -241,6 +252,7 @@ def drain_keys(dsn: str, repeat: int, quick: bool) -> Scenario:
         many = keys >= 100_000
         comparisons += [
             (f"pgcounters {k}", f"value index {k}", 3.0 if many else None),
+            (f"pgcounters {k}", f"fixed batches {k}", None),
             (f"pgcounters {k}", f"between-claim {k}", 1.0 if many else None),
             (f"pgcounters {k}", f"reference-between {k}", None),
             (f"pgcounters column {k}", f"textbook column {k}", 1.0 if many else None),

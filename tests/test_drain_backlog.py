@@ -1,0 +1,174 @@
+"""A queue holding more than a batch is applied in one larger batch (up to the maximum
+batch size): each key is written once for all of its deltas. The drain to the end, the
+worker and the CLI alike; exact beside writers and a second drainer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgcounters import AsyncCounters, Counters, cli
+from pgcounters.async_worker import AsyncWorker
+from pgcounters.connection import Conn
+from pgcounters.worker import Worker, WorkerSettings
+from support import queued, running, wait_for
+
+
+def _backlog(conn: Conn, pc: Counters, n: int, keys: int, *, unlogged: bool = False) -> int:
+    """Queue ``n`` deltas of 1 over ``keys`` keys of a named counter; returns its id."""
+    name = "u" if unlogged else "v"
+    target = pc.create_counter(name, key=int, mode="unlogged" if unlogged else "queued").id
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO pgcounters.{} (target_id, key, delta)"
+            " SELECT %s, ARRAY[(g %% %s)::text], 1 FROM generate_series(1, %s) AS g"
+        ).format(sql.Identifier("queue_unlogged" if unlogged else "queue")),
+        (target, keys, n),
+    )
+    return target
+
+
+def _rows_written(conn: Conn) -> int:
+    """Inserts and updates of pgcounters.counters in this session's statistics."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT n_tup_ins + n_tup_upd FROM pg_stat_user_tables"
+        " WHERE relid = 'pgcounters.counters'::regclass"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_drain_takes_a_backlog_in_one_batch_and_writes_each_key_once(
+    conn: Conn, pc: Counters
+) -> None:
+    _backlog(conn, pc, 5000, 500)
+    before = _rows_written(conn)
+    result = pc.drain(100)
+    # one batch of the 5,000 deltas; each queue's next batch finds it empty
+    assert (result.deltas, result.keys, result.batches) == (5000, 500, 3)
+    assert _rows_written(conn) - before == 500
+    assert pc.get_many("v", range(500), exact=False) == [10] * 500
+
+
+def test_the_largest_batch_is_a_setting_and_equal_to_the_batch_size_fixes_it(
+    conn: Conn, pc: Counters
+) -> None:
+    _backlog(conn, pc, 5000, 500)
+    before = _rows_written(conn)
+    # batches of at most 2,000: 2,000 + 2,000 + 1,000
+    assert pc.drain(100, max_batch_size=2000).keys == 1500
+    assert _rows_written(conn) - before == 1500
+    _backlog(conn, pc, 5000, 500, unlogged=True)
+    result = pc.drain(100, max_batch_size=100)
+    assert (result.deltas, result.keys) == (5000, 5000)  # 50 batches of 100, one key each
+    assert result.batches >= 50
+    assert pc.get_many("v", range(500), exact=False) == [10] * 500
+    assert pc.get_many("u", range(500), exact=False) == [10] * 500
+
+
+def test_a_worker_behind_applies_its_backlog_in_batches_of_up_to_the_maximum(
+    dsn: str, conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
+) -> None:
+    _backlog(conn, pc, 5000, 500)
+    caplog.set_level(logging.DEBUG, logger="pgcounters.worker")
+    settings = WorkerSettings(
+        batch_size=100, max_batch_size=2000, min_interval=0.01, max_interval=0.05, log_every=0
+    )
+    worker = Worker(dsn, settings)
+    with running(worker) as errors:
+        wait_for(lambda: queued(conn) == 0)
+        wait_for(lambda: worker.get_stats().deltas == 5000)
+    assert errors == []
+    sizes = [
+        int(m.group(1))
+        for r in caplog.records
+        if (m := re.match(r"applied (\d+) deltas", r.getMessage()))
+    ]
+    assert sizes == [2000, 2000, 1000]
+    assert pc.get_many("v", range(500), exact=False) == [10] * 500
+
+
+def test_the_async_worker_and_drain_take_a_backlog_in_one_batch(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    _backlog(conn, pc, 4000, 400)
+    _backlog(conn, pc, 4000, 400, unlogged=True)
+
+    async def main() -> tuple[int, int]:
+        settings = WorkerSettings(batch_size=100, min_interval=0.01, log_every=0)
+        async with AsyncWorker(dsn, settings) as worker:
+            while worker.get_stats().deltas < 8000:
+                await asyncio.sleep(0.01)
+        stats = worker.get_stats()
+        _backlog(conn, pc, 3000, 300)
+        aconn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with aconn:
+            result = await AsyncCounters(aconn).drain(100, max_batch_size=1000)
+        return stats.batches, result.keys
+
+    batches, keys = asyncio.run(main())
+    assert batches == 2  # one batch of each queue
+    assert keys == 900  # three batches of 1,000 deltas, 300 keys each
+    assert pc.get_many("v", range(400), exact=False) == [20] * 300 + [10] * 100
+    assert pc.get_many("u", range(400), exact=False) == [10] * 400
+
+
+def test_large_batches_beside_writers_and_a_second_drainer_are_exact(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    """Two workers (one takes ranges, the other claims rows it skips when locked) face a
+    backlog and writers adding to it: every delta is applied exactly once."""
+    _backlog(conn, pc, 20_000, 2000)
+    written = [0]
+
+    def writer() -> None:
+        with psycopg.connect(dsn, autocommit=True) as wconn:
+            wc = Counters(wconn)
+            for i in range(300):
+                wc.incr_many([("v", (i * 7 + j) % 2000, 1) for j in range(10)])
+                written[0] += 10
+
+    settings = WorkerSettings(
+        batch_size=50, max_batch_size=6000, min_interval=0.01, max_interval=0.05, log_every=0
+    )
+    workers = [Worker(dsn, settings), Worker(dsn, settings)]
+    with running(workers[0]) as e0, running(workers[1]) as e1:
+        t = threading.Thread(target=writer)
+        t.start()
+        t.join()
+        wait_for(lambda: queued(conn) == 0)
+    assert e0 == e1 == []
+    assert written[0] == 3000
+    assert sum(w.get_stats().deltas for w in workers) == 23_000
+    values = pc.get_many("v", range(2000), exact=False)
+    assert sum(values) == 23_000
+    assert values == [
+        10 + sum(1 for i in range(300) for j in range(10) if (i * 7 + j) % 2000 == k)
+        for k in range(2000)
+    ]
+
+
+def test_the_cli_drain_and_worker_take_the_largest_batch_as_an_option(
+    dsn: str, conn: Conn, pc: Counters, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _backlog(conn, pc, 3000, 300)
+    code = cli.run(
+        ["--dsn", dsn, "drain", "--batch-size", "100", "--max-batch-size", "1000", "--json"]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert (out["deltas"], out["keys"]) == (3000, 900)  # three batches of 1,000, 300 keys each
+    for command in ("drain", "worker"):
+        with pytest.raises(SystemExit) as usage:
+            cli.run(["--dsn", dsn, command, "--max-batch-size", "0"])
+        assert usage.value.code == 2
+        assert "--max-batch-size must be a positive integer" in capsys.readouterr().err
