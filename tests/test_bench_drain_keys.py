@@ -23,12 +23,15 @@ def test_the_drain_keys_scenario_is_exact(dsn: str, monkeypatch: pytest.MonkeyPa
     assert run.extra["batches"] <= 3
     assert scenario.runs["fixed batches 1k keys"][0].extra["batches"] >= 5
     assert scenario.runs["value index 1k keys"][0].extra["batches"] >= 5
+    assert scenario.runs["pgcounters column 1k keys"][0].extra["batches"] <= 3
+    assert scenario.runs["column fixed batches 1k keys"][0].extra["batches"] >= 5
     # the value index keeps every update of pgcounters.counters off the heap-only path
     assert scenario.runs["value index 1k keys"][0].extra["heap-only updates %"] == 0
     assert scenario.runs["fixed batches 1k keys"][0].extra["heap-only updates %"] > 0
     assert {c["baseline"] for c in scenario.comparisons} >= {
         "value index 1k keys",
         "fixed batches 1k keys",
+        "column fixed batches 1k keys",
         "between-claim 1k keys",
         "textbook column 1k keys",
     }

@@ -1771,6 +1771,10 @@ BEGIN
                       FROM unnest($1::pgcounters.batch_delta[]) AS b
                      WHERE b.target_id = $2
                      GROUP BY 1
+                     -- in key order: the rows are then locked, joined and updated in the
+                     -- order of the parent table's index (version 30; a batch of 500,000
+                     -- keys took 1.4x as long in the hash aggregate's order)
+                     ORDER BY 1
                 ), locked AS MATERIALIZED (
                     SELECT x.%2$I AS key FROM %3$s AS x
                      WHERE x.%2$I = ANY (ARRAY(SELECT d.key FROM d))

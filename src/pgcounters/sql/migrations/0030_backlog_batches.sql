@@ -6,6 +6,12 @@
 -- equal to batch_size or less: every batch is of batch_size): a backlog over many keys
 -- writes each key once instead of once per batch. The size is read from the span of the
 -- queue's ids (two probes of its primary key), before each batch.
+--
+-- The column part of a batch (_drain_columns, the statement that never waits) sums the
+-- deltas per parent key in key order: the rows are then locked, joined and updated in the
+-- order of the parent table's index instead of the hash aggregate's, which over many keys
+-- missed the cache at every row (500,000 keys in one batch: 5.4 s before, 3.7-3.9 s
+-- after; in batches of 10,000: 3.8-3.9 s before, 3.3-3.5 s after).
 
 CREATE OR REPLACE PROCEDURE pgcounters.drain_all(
     batch_size integer DEFAULT 10000,
@@ -76,5 +82,165 @@ BEGIN
         END LOOP;
     END LOOP;
     busy := v_busy[1] + v_busy[2];
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgcounters._drain_columns(
+    p_columns pgcounters.batch_delta[], p_unlogged boolean,
+    OUT keys bigint, OUT busy bigint, OUT first_requeued bigint
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue text := CASE WHEN p_unlogged THEN 'queue_unlogged' ELSE 'queue' END;
+    t pgcounters.targets;
+    v_table text;
+    v_applied bigint;
+    v_busy bigint;
+    v_first bigint;
+    v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
+    -- the most keys of one counter a batch lists, if set (version 27)
+    v_cap bigint := CASE WHEN current_setting('pgcounters.note_max_keys', true) ~ '^[0-9]{1,18}$'
+                         THEN current_setting('pgcounters.note_max_keys', true)::bigint END;
+    v_changes json;
+    v_lock_timeout text := current_setting('lock_timeout');
+    -- tables whose last batch in this session found rows another transaction held
+    v_held text[] := coalesce(
+        nullif(current_setting('pgcounters.held_tables', true), ''), '{}')::text[];
+    v_held_before text[] := v_held;
+    v_sum text;
+    v_careful boolean;
+    -- the 1 ms attempt only while every parent row this batch holds was taken less than
+    -- half the deadlock_timeout ago: an application waiting for one of them has not
+    -- reached its own deadlock check when the attempt waits
+    v_entered timestamptz := clock_timestamp();
+    v_budget interval := current_setting('deadlock_timeout')::interval / 2;
+    v_fast boolean := coalesce(current_setting('pgcounters.fast_column_drain', true), '') = 'on';
+BEGIN
+    keys := 0;
+    busy := 0;
+    FOR t IN
+        SELECT g.* FROM pgcounters.targets AS g
+         WHERE g.id IN (SELECT d.target_id FROM unnest(p_columns) AS d)
+         ORDER BY g.target_schema, g.target_table, g.id
+    LOOP
+        IF v_table IS DISTINCT FROM format('%I.%I', t.target_schema, t.target_table) THEN
+            v_table := format('%I.%I', t.target_schema, t.target_table);
+            -- drainers take turns on a table (tables in name order, so they cannot wait
+            -- for each other in a cycle): without this, a second drainer finds every row
+            -- the first one holds busy and puts its deltas back.
+            PERFORM pg_advisory_xact_lock(hashtext('pgcounters.parents'), hashtext(v_table));
+        END IF;
+        -- a sum of decimals: the deltas are units of 10^-scale (version 13)
+        v_sum := CASE WHEN t.scale IS NULL THEN 'd.delta::bigint'
+                      ELSE format('pgcounters.unscaled(d.delta, %s)', t.scale) END;
+        PERFORM pg_catalog.set_config('pgcounters.applying', 'on', true);
+        v_busy := 0;
+        v_first := NULL;
+        -- the attempt is chosen per session (see the comment above): off by default
+        v_careful := NOT v_fast OR v_table = ANY (v_held) OR cardinality(p_columns) > 20000
+                     OR clock_timestamp() - v_entered > v_budget;
+        IF NOT v_careful THEN
+            BEGIN
+                PERFORM pg_catalog.set_config('lock_timeout', '1ms', true);
+                EXECUTE format($q$
+                    WITH d AS (
+                        SELECT b.key::%1$s AS key, sum(b.delta) AS delta
+                          FROM unnest($1::pgcounters.batch_delta[]) AS b
+                         WHERE b.target_id = $2
+                         GROUP BY 1
+                    ), applied AS (
+                        UPDATE %3$s AS x SET %4$I = coalesce(x.%4$I, 0) + %5$s
+                          FROM d
+                         WHERE x.%2$I = d.key
+                        RETURNING x.%2$I AS key
+                    )
+                    SELECT count(*),
+                           CASE WHEN $4 AND count(*) > $5
+                                THEN json_build_array(json_build_array($3::text, NULL))
+                                ELSE json_agg(json_build_array($3::text, ARRAY[a.key::text]))
+                                         FILTER (WHERE $4 AND ($5 IS NULL
+                                             OR (SELECT count(*) FROM applied) <= $5)) END
+                      FROM applied AS a
+                    $q$,
+                    t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column,
+                    v_sum)
+                INTO v_applied, v_changes
+                USING p_columns, t.id, t.name, v_note, v_cap;
+                PERFORM pg_catalog.set_config('lock_timeout', v_lock_timeout, true);
+            EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+                -- the rollback of the block restored lock_timeout
+                v_careful := true;
+            END;
+        END IF;
+        IF v_careful THEN
+            EXECUTE format($q$
+                WITH d AS MATERIALIZED (
+                    SELECT b.key::%1$s AS key, min(b.key) AS text_key, sum(b.delta) AS delta,
+                           sum(b.n) AS n, min(b.created_at) AS created_at
+                      FROM unnest($1::pgcounters.batch_delta[]) AS b
+                     WHERE b.target_id = $2
+                     GROUP BY 1
+                     -- in key order: the rows are then locked, joined and updated in the
+                     -- order of the parent table's index (version 30; a batch of 500,000
+                     -- keys took 1.4x as long in the hash aggregate's order)
+                     ORDER BY 1
+                ), locked AS MATERIALIZED (
+                    SELECT x.%2$I AS key FROM %3$s AS x
+                     WHERE x.%2$I = ANY (ARRAY(SELECT d.key FROM d))
+                     ORDER BY x.%2$I
+                       FOR NO KEY UPDATE OF x SKIP LOCKED
+                ), applied AS (
+                    UPDATE %3$s AS x SET %4$I = coalesce(x.%4$I, 0) + %6$s
+                      FROM d JOIN locked AS l ON l.key = d.key
+                     WHERE x.%2$I = d.key
+                    RETURNING 1
+                ), held AS MATERIALIZED (
+                    SELECT d.* FROM d
+                     WHERE NOT EXISTS (SELECT 1 FROM locked AS l WHERE l.key = d.key)
+                       AND EXISTS (SELECT 1 FROM %3$s AS x WHERE x.%2$I = d.key)
+                ), back AS (
+                    INSERT INTO pgcounters.%5$I (target_id, key, delta, created_at)
+                    SELECT $2, ARRAY[h.text_key]::text, h.delta::bigint, h.created_at
+                      FROM held AS h
+                     ORDER BY h.key
+                    RETURNING id
+                )
+                SELECT (SELECT count(*) FROM applied),
+                       (SELECT coalesce(sum(h.n), 0) FROM held AS h)::bigint,
+                       (SELECT min(b.id) FROM back AS b),
+                       (SELECT CASE WHEN count(*) > $5
+                                    THEN json_build_array(json_build_array($3::text, NULL))
+                                    ELSE json_agg(json_build_array($3::text, ARRAY[l.key::text]))
+                                             FILTER (WHERE $5 IS NULL
+                                                 OR (SELECT count(*) FROM locked) <= $5) END
+                          FROM locked AS l WHERE $4)
+                $q$,
+                t.key_types[1]::regtype, t.target_key_column, v_table, t.target_column, v_queue,
+                v_sum)
+            INTO v_applied, v_busy, v_first, v_changes
+            USING p_columns, t.id, t.name, v_note, v_cap;
+            v_held := array_remove(v_held, v_table);
+            IF v_busy > 0 THEN
+                v_held := v_held || v_table;
+            END IF;
+        END IF;
+        PERFORM pg_catalog.set_config('pgcounters.applying', '', true);
+        keys := keys + v_applied;
+        busy := busy + v_busy;
+        first_requeued := least(first_requeued, v_first);
+        IF v_changes IS NOT NULL THEN
+            -- the batch's JSON array spliced onto the notes so far, as text (version 20):
+            -- building jsonb and parsing the notes again cost a third of a batch's time
+            PERFORM pg_catalog.set_config('pgcounters.changes',
+                CASE WHEN coalesce(current_setting('pgcounters.changes', true), '') IN ('', '[]')
+                     THEN v_changes::text
+                     ELSE left(current_setting('pgcounters.changes', true), -1) || ', '
+                          || substr(v_changes::text, 2) END, true);
+        END IF;
+    END LOOP;
+    IF v_held IS DISTINCT FROM v_held_before THEN
+        -- for the session (kept if the batch commits)
+        PERFORM pg_catalog.set_config('pgcounters.held_tables', v_held::text, false);
+    END IF;
 END;
 $$;
