@@ -578,3 +578,17 @@ def test_range_reads_on_the_standby_equal_the_primary_once_replayed(
         sc.get_range("rep.visits_unlogged", 1, first, end)
     with pytest.raises(ReplicaError, match="unlogged"):
         sc.get_series("rep.visits_unlogged", 1, first, end)
+
+
+def test_a_drain_on_a_standby_fails_with_a_clear_error(primary: Conn, standby: Conn) -> None:
+    """Whatever the queues hold: the drain sizes a batch by the queue first, and a standby
+    cannot read the unlogged one."""
+    from pgcounters.errors import PgCountersError
+
+    pc = Counters(primary)
+    pc.create_counter("rep.drained", mode="unlogged")
+    pc.incr("rep.drained")
+    _replayed(pc, Counters(standby))
+    for max_batch_size in (500_000, 10_000):
+        with pytest.raises(PgCountersError, match="read-only|standby|recovery"):
+            Counters(standby).drain(max_batch_size=max_batch_size)
