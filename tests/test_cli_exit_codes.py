@@ -48,7 +48,8 @@ def test_every_documented_exit_code_comes_from_a_real_case(
     assert usage.value.code == cli.EXIT_USAGE == 2
     pc.create_counter("c", int)
     pc.incr_many([("c", k, 1) for k in range(5)])
-    assert run(capsys, dsn, "drain", "--batch-size", "2", "--max-batches", "1")[0] == 3
+    bound = ("--batch-size", "2", "--max-batch-size", "2", "--max-batches", "1")
+    assert run(capsys, dsn, "drain", *bound)[0] == 3
     assert cli.EXIT_MORE == 3
     run(capsys, dsn, "quota", "define", "q", "--limit", "1")
     assert run(capsys, dsn, "quota", "call", "q", "s")[0] == cli.EXIT_OK

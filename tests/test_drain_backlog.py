@@ -53,8 +53,8 @@ def test_a_drain_takes_a_backlog_in_one_batch_and_writes_each_key_once(
     _backlog(conn, pc, 5000, 500)
     before = _rows_written(conn)
     result = pc.drain(100)
-    # one batch of the 5,000 deltas; each queue's next batch finds it empty
-    assert (result.deltas, result.keys, result.batches) == (5000, 500, 3)
+    # one batch of the 5,000 deltas (an empty queue costs none)
+    assert (result.deltas, result.keys, result.batches) == (5000, 500, 1)
     assert _rows_written(conn) - before == 500
     assert pc.get_many("v", range(500), exact=False) == [10] * 500
 
@@ -172,3 +172,95 @@ def test_the_cli_drain_and_worker_take_the_largest_batch_as_an_option(
             cli.run(["--dsn", dsn, command, "--max-batch-size", "0"])
         assert usage.value.code == 2
         assert "--max-batch-size must be a positive integer" in capsys.readouterr().err
+
+
+def _bad_delta_in_backlog(conn: Conn, pc: Counters, before: int, after: int) -> None:
+    """Queue ``before`` deltas of 1 over 500 keys of "v", one delta that cannot be applied
+    (key 100000 would leave the bigint range), then ``after`` more over the 500 keys."""
+    target = pc.create_counter("v", key=int).id
+    conn.execute(
+        "INSERT INTO pgcounters.counters (target_id, key, value)"
+        " VALUES (%s, ARRAY['100000'], 9223372036854775000)",
+        (target,),
+    )
+    for n, extra in ((before, True), (after, False)):
+        conn.execute(
+            "INSERT INTO pgcounters.queue (target_id, key, delta)"
+            " SELECT %s, ARRAY[(g %% 500)::text], 1 FROM generate_series(1, %s) AS g",
+            (target, n),
+        )
+        if extra:
+            pc.incr("v", 100_000, 1000)
+
+
+def test_a_large_batch_holding_a_bad_delta_is_taken_again_in_small_batches(
+    dsn: str, conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One key at a time over a large batch would hold its rows many times longer: the
+    batch is refused and the part of the queue it covered drained in batches of
+    batch_size, one of which sets the bad delta aside."""
+    _bad_delta_in_backlog(conn, pc, 2500, 2499)
+    caplog.set_level(logging.DEBUG, logger="pgcounters")
+    settings = WorkerSettings(
+        batch_size=100, max_batch_size=2000, min_interval=0.01, max_interval=0.05, log_every=0
+    )
+    worker = Worker(dsn, settings)
+    with running(worker) as errors:
+        wait_for(lambda: queued(conn) == 0)
+        wait_for(lambda: worker.get_stats().deltas == 4999)
+    assert errors == []
+    assert worker.get_stats().quarantined == 1
+    assert any(
+        "a batch of 2000 deltas holds one that cannot be applied" in r.getMessage()
+        for r in caplog.records
+    )
+    sizes = [
+        int(m.group(1))
+        for r in caplog.records
+        if (m := re.match(r"applied (\d+) deltas", r.getMessage()))
+    ]
+    # 2,000; the next 2,000 (the bad delta among them) in 20 batches of 100 (99 applied in
+    # the one that set it aside); the last 1,000 in one
+    assert sizes == [2000, *[100] * 5, 99, *[100] * 14, 1000]
+    assert pc.get_many("v", range(500), exact=False) == [9] + [10] * 499
+    assert conn.execute("SELECT count(*) FROM pgcounters.quarantine").fetchone() == (1,)
+
+
+def test_the_drain_and_drain_all_take_a_refused_batch_again_in_small_batches(
+    conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
+) -> None:
+    _bad_delta_in_backlog(conn, pc, 2500, 2499)
+    result = pc.drain(100)
+    assert (result.deltas, result.quarantined) == (4999, 1)
+    assert "a batch of 5000 deltas holds one that cannot be applied" in caplog.text
+    # the whole queue in one batch refused: then 50 batches of 100
+    assert result.batches == 50
+    assert pc.get_many("v", range(500), exact=False) == [9] + [10] * 499
+    conn.execute("TRUNCATE pgcounters.counters, pgcounters.quarantine")
+    _bad_delta_in_backlog(conn, pc, 2500, 2499)
+    assert conn.execute("CALL pgcounters.drain_all(batch_size => 100)").fetchone() == (4999, 0, 1)
+    assert pc.get_many("v", range(500), exact=False) == [9] + [10] * 499
+
+
+def test_a_large_batch_cancelled_by_a_statement_timeout_goes_on_in_batches_of_batch_size(
+    conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role's statement_timeout too short for a backlog in one batch: the drain goes on
+    in batches of batch_size instead of failing on every run."""
+    _backlog(conn, pc, 5000, 500)
+    # a batch writing more than 200 counter values takes a second: longer than the timeout
+    conn.execute(
+        "CREATE FUNCTION slow_when_many() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF (SELECT count(*) FROM written) > 200 THEN PERFORM pg_sleep(1); END IF;"
+        " RETURN NULL; END $$"
+    )
+    conn.execute(
+        "CREATE TRIGGER slow_when_many AFTER INSERT ON pgcounters.counters"
+        " REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION slow_when_many()"
+    )
+    conn.execute("SET statement_timeout = '300ms'")
+    result = pc.drain(100)
+    conn.execute("RESET statement_timeout")
+    assert (result.deltas, result.batches) == (5000, 50)
+    assert "a batch of 5000 deltas was cancelled by the statement timeout" in caplog.text
+    assert pc.get_many("v", range(500), exact=False) == [10] * 500

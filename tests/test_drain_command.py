@@ -33,14 +33,14 @@ def queued(pc: Counters) -> Counters:
 def test_json_output_and_exit_0_when_emptied(
     dsn: str, queued: Counters, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = run(capsys, dsn, "--json", "--batch-size", "7")
+    code, out, _ = run(capsys, dsn, "--json", "--batch-size", "7", "--max-batch-size", "7")
     report = json.loads(out)
     assert code == report["exit_code"] == cli.EXIT_OK
     assert (report["deltas"], report["keys"], report["remaining"]) == (
         50, 50, {"logged": 0, "unlogged": 0},
     )  # fmt: skip
-    # 30 in batches of 7, 20 in batches of 7, then one empty batch per queue
-    assert report["batches"] == 5 + 3 + 2
+    # 30 in batches of 7, 20 in batches of 7 (an empty queue costs no batch)
+    assert report["batches"] == 5 + 3
     assert report["stopped_by_signal"] is False
     assert queued.get("u", 3, exact=False) == 2
 
@@ -48,7 +48,9 @@ def test_json_output_and_exit_0_when_emptied(
 def test_a_bound_with_deltas_left_exits_3_and_the_queues_take_turns(
     dsn: str, queued: Counters, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = run(capsys, dsn, "--json", "--batch-size", "5", "--max-batches", "2")
+    code, out, _ = run(
+        capsys, dsn, "--json", "--batch-size", "5", "--max-batch-size", "5", "--max-batches", "2"
+    )
     report = json.loads(out)
     assert code == cli.EXIT_MORE
     # one batch from each queue, not two from the logged one
@@ -99,7 +101,7 @@ def test_sigterm_stops_after_the_current_batch_with_exit_3(
     env = {k: v for k, v in os.environ.items() if k not in ("PGCOUNTERS_DSN", "DATABASE_URL")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgcounters", "--dsn", dsn, "drain", "--batch-size", "200",
-         "--json"],
+         "--max-batch-size", "200", "--json"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 60

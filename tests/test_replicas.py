@@ -590,5 +590,5 @@ def test_a_drain_on_a_standby_fails_with_a_clear_error(primary: Conn, standby: C
     pc.incr("rep.drained")
     _replayed(pc, Counters(standby))
     for max_batch_size in (500_000, 10_000):
-        with pytest.raises(PgCountersError, match="read-only|standby|recovery"):
+        with pytest.raises(PgCountersError, match=r"read-only|standby|recovery"):
             Counters(standby).drain(max_batch_size=max_batch_size)

@@ -25,6 +25,7 @@ import pytest
 from pgcounters import Counters, install
 from pgcounters.connection import Conn
 from pgcounters.embedded import EmbeddedPostgres
+from pgcounters.worker import Worker
 from support import queued, wait_for
 
 WORKER_APP = "pgcounters worker"
@@ -307,3 +308,28 @@ def test_the_worker_reconnects_after_postgresql_restarts(
     text = log_path.read_text()
     assert "lost the connection to PostgreSQL" in text
     assert text.count("reconnected after") >= 2
+
+
+def test_a_batch_running_when_its_worker_is_killed_rolls_back_and_frees_its_rows(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    """A batch is one statement: PostgreSQL notices a lost client when it answers (and
+    whether it then commits depends on when the loss shows), so the worker's session
+    checks its client every second while a statement runs: the batch is cancelled and
+    rolls back, and its rows are free again."""
+    pc.create_counter("wide", int)
+    fill(conn, "wide", "queue", 300_000, 300_000)  # one large batch of many keys
+    proc = spawn(dsn, "--log-level", "warning", log=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: draining(conn), timeout=60, step=0.005)
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    wait_for(lambda: worker_backends(conn) == [], timeout=30)
+    # rolled back: every delta still queued, no value stored, no batch recorded
+    assert queued(conn) == 300_000
+    assert conn.execute("SELECT count(*) FROM pgcounters.counters").fetchone() == (0,)
+    session = Worker(dsn)._open()
+    with session:
+        assert session.execute("SHOW client_connection_check_interval").fetchone() == ("1s",)

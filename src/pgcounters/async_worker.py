@@ -145,8 +145,10 @@ class AsyncWorker:
             self._wake.set()
         s = self.settings
         logger.info(
-            "async worker starting: %s, batches of %d, polling every %gs-%gs%s",
-            redact(self.dsn), s.batch_size, s.min_interval, s.max_interval,
+            "async worker starting: %s, batches of %d (a backlog: up to %d), polling every "
+            "%gs-%gs%s",
+            redact(self.dsn), s.batch_size, max(s.batch_size, s.max_batch_size),
+            s.min_interval, s.max_interval,
             ", woken by notifications" if s.listen else "",
         )  # fmt: skip
         conn: AsyncConn | None = await self._open()
@@ -291,9 +293,11 @@ class AsyncWorker:
                 break
             if not spans[unlogged]:
                 continue
-            size = self._core._size_for(int(spans[unlogged]))
+            size = self._core._size_for(int(spans[unlogged]), unlogged)
             batch = await run_async(
-                self._plans._drain_queue_batch(size, unlogged, one_statement=True),
+                self._plans._drain_queue_batch(
+                    size, unlogged, one_statement=True, careful_limit=self._core._batch_size
+                ),
                 conn,
             )
             batch_got, batch_full, batch_busy = self._core._note_batch(batch, unlogged, size)

@@ -9,6 +9,7 @@ implementation of each operation (see :mod:`pgcounters.plans`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -178,6 +179,10 @@ class BatchResult:
     changes: notifications.Changes | None = None
     """With ``changes=True``: counter name -> the keys this batch changed (None for a
     counter of more than ``max_keys`` keys: many keys, not listed)."""
+    refused: int = 0
+    """A batch of this size held a delta that cannot be applied, and was taken again at
+    ``careful_limit`` (what this result reports): the part of the queue it covered is
+    drained in batches of that size."""
 
     @property
     def done(self) -> bool:
@@ -966,6 +971,7 @@ class _CounterPlans:
         changes: bool = False,
         one_statement: bool = False,
         max_keys: int | None = notifications.MAX_KEYS,
+        careful_limit: int | None = None,
     ) -> Plan[BatchResult]:
         """Apply one batch of at most ``batch_size`` deltas in its own transaction.
 
@@ -985,8 +991,46 @@ class _CounterPlans:
         default, so on a connection in autocommit mode the batch is one statement, its
         own transaction: one round trip instead of four. A batch PostgreSQL aborts is
         retried as usual.
+
+        ``careful_limit`` (a backlog taken in one large batch): a batch larger than this
+        that holds a delta that cannot be applied is not taken one key at a time (its
+        rows would stay locked many times longer); it rolls back, and a batch of
+        ``careful_limit`` is taken instead (``BatchResult.refused``).
         """
         check_batch_size("batch size", batch_size)
+        careful = careful_limit is not None and batch_size > careful_limit
+        if careful:
+            assert careful_limit is not None
+            try:
+                return (
+                    yield from self._one_batch(
+                        batch_size, unlogged, changes, False, max_keys, careful_limit
+                    )
+                )
+            except psycopg.Error as exc:
+                if exc.sqlstate != "PC022":
+                    raise
+            logger.warning(
+                "a batch of %d deltas holds one that cannot be applied: it is taken again in "
+                "batches of at most %d", batch_size, careful_limit,
+            )  # fmt: skip
+            result = yield from self._one_batch(
+                careful_limit, unlogged, changes, one_statement, max_keys
+            )
+            return dataclasses.replace(result, refused=batch_size)
+        return (yield from self._one_batch(batch_size, unlogged, changes, one_statement, max_keys))
+
+    def _one_batch(
+        self,
+        batch_size: int,
+        unlogged: bool,
+        changes: bool,
+        one_statement: bool,
+        max_keys: int | None,
+        careful_limit: int | None = None,
+    ) -> Plan[BatchResult]:
+        """One batch of :meth:`_drain_queue_batch`; ``careful_limit`` is set for its
+        transaction (a statement of its own, so not ``one_statement``)."""
         conn: ConnState = yield Connection()
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise DrainError("drain must run outside a transaction: each batch commits on its own")
@@ -1001,6 +1045,8 @@ class _CounterPlans:
             # Repeatable Read a drainer fails on every parent row a writer
             # updated since its snapshot, and may fail again on each retry
             yield Execute(query("drain_read_committed"))
+            if careful_limit is not None:
+                yield Execute(query("careful_limit"), {"limit": str(careful_limit)})
             if changes:
                 yield Execute(
                     notifications.statement("note_changes"),
@@ -1156,6 +1202,8 @@ class _CounterPlans:
         deltas = keys = batches = quarantined = 0
         busy = [0, 0]
         active = [False, True]
+        # batches of batch_size still to take from each queue after a large one was refused
+        small = [0, 0]
 
         def result() -> DrainResult:
             return DrainResult(
@@ -1170,11 +1218,33 @@ class _CounterPlans:
                     return result()
                 if stop is not None and stop():
                     return result()
-                size = sizes[0]
-                if sizes[1] > size:
-                    span = yield Transaction(fetch_one(query("queue_span"), {"unlogged": unlogged}))
-                    size = batch_for(int(span[0]) if span else 0, *sizes)
-                batch = yield from self._drain_queue_batch(size, unlogged)
+                row = yield Transaction(fetch_one(query("queue_span"), {"unlogged": unlogged}))
+                span = int(row[0]) if row else 1
+                if span == 0:
+                    # an empty queue costs no batch (a bound of one batch drains the other)
+                    active.remove(unlogged)
+                    continue
+                size = sizes[0] if small[unlogged] else batch_for(span, *sizes)
+                small[unlogged] = max(small[unlogged] - 1, 0)
+                try:
+                    batch = yield from self._drain_queue_batch(
+                        size, unlogged, careful_limit=sizes[0]
+                    )
+                except psycopg.errors.QueryCanceled:
+                    if size <= sizes[0]:
+                        raise
+                    # a statement timeout (the session's, a role's) too short for a batch
+                    # this large: batches of batch_size from now on, the next one at once
+                    logger.warning(
+                        "a batch of %d deltas was cancelled by the statement timeout and rolled "
+                        "back: batches of %d from now on", size, sizes[0],
+                    )  # fmt: skip
+                    sizes = (sizes[0], sizes[0])
+                    continue
+                if batch.refused:
+                    # the rest of the part of the queue the refused batch covered, in
+                    # batches of batch_size (one of them sets the bad delta aside)
+                    small[unlogged] = -(-batch.refused // sizes[0]) - 1
                 batches += 1
                 deltas += batch.deltas
                 keys += batch.keys

@@ -18,6 +18,8 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PC003": errors.UnknownCounter,
     "PC004": errors.InvalidKey,
     "PC005": errors.DrainError,
+    # a large batch refused the careful path (the drain takes smaller batches)
+    "PC022": errors.DrainError,
     # quotas (subclass Q)
     "PCQ01": errors.UnknownQuota,
     "PCQ02": errors.InvalidQuotaDefinition,

@@ -256,6 +256,8 @@ class Worker:
         # the most deltas of a batch of a queue holding more (halved by a statement timeout)
         self._batch_cap = max(self.settings.batch_size, self.settings.max_batch_size)
         self._last_size = self._batch_size
+        # batches of batch_size still to take from each queue after a large one was refused
+        self._small = [0, 0]
         self._backfills = True  # off once the role turns out unable to run them
         # counters whose backfill this role may not run (it may not read their tables)
         self._backfills_refused: dict[str, PermissionDenied] = {}
@@ -311,8 +313,9 @@ class Worker:
         """
         s = self.settings
         logger.info(
-            "worker starting: %s, batches of %d, polling every %gs-%gs%s",
-            redact(self.dsn), s.batch_size, s.min_interval, s.max_interval,
+            "worker starting: %s, batches of %d (a backlog: up to %d), polling every %gs-%gs%s",
+            redact(self.dsn), s.batch_size, max(s.batch_size, s.max_batch_size),
+            s.min_interval, s.max_interval,
             ", woken by notifications" if s.listen else "",
         )  # fmt: skip
         conn: Conn | None = self._open()
@@ -528,7 +531,7 @@ class Worker:
                 break
             if not spans[unlogged]:
                 continue
-            size = self._size_for(int(spans[unlogged]))
+            size = self._size_for(int(spans[unlogged]), unlogged)
             batch = pc._run(
                 pc._drain_queue_batch(
                     size,
@@ -536,6 +539,7 @@ class Worker:
                     self._notifier.active,
                     one_statement=True,
                     max_keys=self.settings.notify_max_keys,
+                    careful_limit=self._batch_size,
                 )
             )
             if batch.changes:
@@ -651,15 +655,24 @@ class Worker:
         self._retention = False
         logger.warning("retention of counters per period left to others: %s", exc)
 
-    def _size_for(self, queued: int) -> int:
+    def _size_for(self, queued: int, unlogged: bool) -> int:
         """The size of the next batch of a queue holding about ``queued`` deltas."""
-        self._last_size = batch_for(queued, self._batch_size, self._batch_cap)
+        if self._small[unlogged]:
+            self._small[unlogged] -= 1
+            self._last_size = self._batch_size
+        else:
+            self._last_size = batch_for(queued, self._batch_size, self._batch_cap)
         return self._last_size
 
     def _note_batch(self, batch: BatchResult, unlogged: bool, size: int) -> tuple[int, bool, bool]:
         """Count and log one drain batch of at most ``size`` deltas: (deltas it settled,
         whether it was full, whether it left deltas busy)."""
         deltas = batch.deltas + batch.quarantined
+        if batch.refused:
+            # a large batch held a delta that cannot be applied: the part of the queue it
+            # covered in batches of batch_size (this result is the first of them)
+            size = self._batch_size
+            self._small[unlogged] = -(-batch.refused // size) - 1
         # deltas left busy with more queued ahead of them: go on at once
         got = deltas + (batch.busy if batch.ahead else 0)
         full = deltas + batch.busy >= size

@@ -2,10 +2,14 @@
 -- Values are always bound parameters.
 
 -- name: worker_session
--- the worker's session: timeouts, and Read Committed by default (a batch is one statement)
+-- the worker's session: timeouts, and Read Committed by default (a batch is one statement);
+-- a batch running when the worker's process dies is cancelled within a second (without
+-- the check, PostgreSQL notices a lost client only when it answers: the statement would
+-- run on, holding its rows, and commit)
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false),
-       set_config('default_transaction_isolation', 'read committed', false);
+       set_config('default_transaction_isolation', 'read committed', false),
+       set_config('client_connection_check_interval', '1s', false);
 
 -- name: refresh_target_ids
 -- A worker's refresh of the ids listed for the counters' triggers: at once or not at all

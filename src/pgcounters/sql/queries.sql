@@ -577,6 +577,11 @@ SELECT pgcounters.grant_pause(%(role)s);
 -- a drain batch runs in READ COMMITTED whatever the session's default
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+-- name: careful_limit
+-- the largest batch of this transaction taken one key at a time when it holds a delta
+-- that cannot be applied (a larger one is refused: PC022)
+SELECT set_config('pgcounters.careful_limit', %(limit)s, true);
+
 -- name: counters_writable
 -- whether this role may write pgcounters.counters itself (and note what it changed)
 SELECT has_table_privilege('pgcounters.counters', 'INSERT')

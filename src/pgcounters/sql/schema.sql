@@ -1465,6 +1465,9 @@ DECLARE
     v_setting text := nullif(current_setting('pgcounters.max_batch_size', true), '');
     v_max bigint := 500000;
     v_span bigint;
+    v_size integer;
+    -- batches of batch_size still to take from each queue after a large one was refused
+    v_small integer[] := ARRAY[0, 0];
     i integer;
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 THEN
@@ -1498,7 +1501,7 @@ BEGIN
             -- Read Committed whatever the session's default (as the worker's batches)
             SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
             v_span := 0;
-            IF v_max > batch_size THEN
+            IF v_max > batch_size AND v_small[i] = 0 THEN
                 -- a queue holding more than a batch: all of it in one, up to v_max
                 IF v_unlogged THEN
                     SELECT coalesce(max(q.id) - min(q.id) + 1, 0) INTO v_span
@@ -1508,9 +1511,21 @@ BEGIN
                       FROM pgcounters.queue AS q;
                 END IF;
             END IF;
-            SELECT * INTO r
-              FROM pgcounters.drain_queue(greatest(batch_size, least(v_span, v_max))::integer,
-                                          v_unlogged);
+            v_size := greatest(batch_size, least(v_span, v_max))::integer;
+            v_small[i] := greatest(v_small[i] - 1, 0);
+            IF v_size > batch_size THEN
+                BEGIN
+                    PERFORM set_config('pgcounters.careful_limit', batch_size::text, true);
+                    SELECT * INTO r FROM pgcounters.drain_queue(v_size, v_unlogged);
+                EXCEPTION WHEN SQLSTATE 'PC022' THEN
+                    -- a delta that cannot be applied: this part of the queue in batches of
+                    -- batch_size, the first one now
+                    v_small[i] := ceil(v_size::numeric / batch_size)::integer - 1;
+                    SELECT * INTO r FROM pgcounters.drain_queue(batch_size, v_unlogged);
+                END;
+            ELSE
+                SELECT * INTO r FROM pgcounters.drain_queue(batch_size, v_unlogged);
+            END IF;
             COMMIT;
             deltas := deltas + r.deltas;
             quarantined := quarantined + r.quarantined;
@@ -1546,7 +1561,19 @@ DECLARE
     v_message text;
     v_applied bigint;
     v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
+    -- the largest batch taken one key at a time, if set (version 30): a drainer that took a
+    -- backlog in one large batch sets it to its usual batch size
+    v_careful_limit integer := CASE
+        WHEN current_setting('pgcounters.careful_limit', true) ~ '^[0-9]{1,9}$'
+        THEN current_setting('pgcounters.careful_limit', true)::integer END;
 BEGIN
+    IF p_limit > v_careful_limit THEN
+        -- one (counter, key) per subtransaction over a large batch would hold its rows
+        -- for many times the fast path's time: refused, the drainer takes smaller batches
+        RAISE EXCEPTION 'a batch of % deltas holds one that cannot be applied: it is taken '
+                        'again in batches of at most %', p_limit, v_careful_limit
+            USING ERRCODE = 'PC022';
+    END IF;
     deltas := 0;
     keys := 0;
     busy := 0;

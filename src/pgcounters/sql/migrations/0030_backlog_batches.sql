@@ -7,6 +7,14 @@
 -- writes each key once instead of once per batch. The size is read from the span of the
 -- queue's ids (two probes of its primary key), before each batch.
 --
+-- A batch holding a delta that cannot be applied takes the careful path: one (counter,
+-- key) per subtransaction, many times the fast path's time, with every row it changed
+-- locked until it commits. Over a large batch that held the parent rows of counter columns
+-- for many seconds: _drain_carefully now refuses a batch larger than the session's
+-- pgcounters.careful_limit (PC022, the batch rolls back), which a drainer taking a backlog
+-- in one batch sets to its usual batch size; it then takes that part of the queue in
+-- batches of that size, the bad delta set aside by one of them.
+--
 -- The column part of a batch (_drain_columns, the statement that never waits) sums the
 -- deltas per parent key in key order: the rows are then locked, joined and updated in the
 -- order of the parent table's index instead of the hash aggregate's, which over many keys
@@ -28,6 +36,9 @@ DECLARE
     v_setting text := nullif(current_setting('pgcounters.max_batch_size', true), '');
     v_max bigint := 500000;
     v_span bigint;
+    v_size integer;
+    -- batches of batch_size still to take from each queue after a large one was refused
+    v_small integer[] := ARRAY[0, 0];
     i integer;
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 THEN
@@ -61,7 +72,7 @@ BEGIN
             -- Read Committed whatever the session's default (as the worker's batches)
             SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
             v_span := 0;
-            IF v_max > batch_size THEN
+            IF v_max > batch_size AND v_small[i] = 0 THEN
                 -- a queue holding more than a batch: all of it in one, up to v_max
                 IF v_unlogged THEN
                     SELECT coalesce(max(q.id) - min(q.id) + 1, 0) INTO v_span
@@ -71,9 +82,21 @@ BEGIN
                       FROM pgcounters.queue AS q;
                 END IF;
             END IF;
-            SELECT * INTO r
-              FROM pgcounters.drain_queue(greatest(batch_size, least(v_span, v_max))::integer,
-                                          v_unlogged);
+            v_size := greatest(batch_size, least(v_span, v_max))::integer;
+            v_small[i] := greatest(v_small[i] - 1, 0);
+            IF v_size > batch_size THEN
+                BEGIN
+                    PERFORM set_config('pgcounters.careful_limit', batch_size::text, true);
+                    SELECT * INTO r FROM pgcounters.drain_queue(v_size, v_unlogged);
+                EXCEPTION WHEN SQLSTATE 'PC022' THEN
+                    -- a delta that cannot be applied: this part of the queue in batches of
+                    -- batch_size, the first one now
+                    v_small[i] := ceil(v_size::numeric / batch_size)::integer - 1;
+                    SELECT * INTO r FROM pgcounters.drain_queue(batch_size, v_unlogged);
+                END;
+            ELSE
+                SELECT * INTO r FROM pgcounters.drain_queue(batch_size, v_unlogged);
+            END IF;
             COMMIT;
             deltas := deltas + r.deltas;
             quarantined := quarantined + r.quarantined;
@@ -242,5 +265,151 @@ BEGIN
         -- for the session (kept if the batch commits)
         PERFORM pg_catalog.set_config('pgcounters.held_tables', v_held::text, false);
     END IF;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgcounters._drain_carefully(
+    p_limit integer, p_unlogged boolean, p_sole boolean, p_skip text, p_broken integer[],
+    OUT deltas bigint, OUT keys bigint, OUT busy bigint, OUT quarantined bigint,
+    OUT first_requeued bigint, OUT last_claimed bigint
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue text := CASE WHEN p_unlogged THEN 'queue_unlogged' ELSE 'queue' END;
+    v_claim text;
+    v_rows pgcounters.claimed_delta[];
+    v_head bigint;
+    g record;
+    t pgcounters.targets;
+    v_key text[];
+    v_lock record;
+    v_id bigint;
+    v_state text;
+    v_message text;
+    v_applied bigint;
+    v_note boolean := current_setting('pgcounters.note_changes', true) = 'on';
+    -- the largest batch taken one key at a time, if set (version 30): a drainer that took a
+    -- backlog in one large batch sets it to its usual batch size
+    v_careful_limit integer := CASE
+        WHEN current_setting('pgcounters.careful_limit', true) ~ '^[0-9]{1,9}$'
+        THEN current_setting('pgcounters.careful_limit', true)::integer END;
+BEGIN
+    IF p_limit > v_careful_limit THEN
+        -- one (counter, key) per subtransaction over a large batch would hold its rows
+        -- for many times the fast path's time: refused, the drainer takes smaller batches
+        RAISE EXCEPTION 'a batch of % deltas holds one that cannot be applied: it is taken '
+                        'again in batches of at most %', p_limit, v_careful_limit
+            USING ERRCODE = 'PC022';
+    END IF;
+    deltas := 0;
+    keys := 0;
+    busy := 0;
+    quarantined := 0;
+    IF p_sole THEN
+        v_claim := 'q.id BETWEEN (SELECT lo FROM head) AND (SELECT lo FROM head) + $1 - 1';
+    ELSE
+        v_claim := 'q.id = ANY (ARRAY(SELECT id FROM pgcounters.%1$I AS q WHERE true'
+                   || p_skip || ' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED))';
+    END IF;
+    LOOP
+        EXECUTE format($q$
+            WITH head AS MATERIALIZED (
+                SELECT min(id) AS lo FROM pgcounters.%1$I AS q WHERE true $q$ || p_skip || $q$
+            ), claimed AS (
+                DELETE FROM pgcounters.%1$I AS q
+                 WHERE $q$ || v_claim || p_skip || $q$
+                RETURNING q.id, q.target_id, q.key, q.delta, q.created_at
+            )
+            SELECT (SELECT array_agg((c.id, c.target_id, c.key, c.delta, c.created_at)
+                                     ::pgcounters.claimed_delta) FROM claimed AS c),
+                   $q$ || CASE WHEN p_sole THEN '(SELECT lo FROM head)' ELSE 'NULL::bigint' END
+        , v_queue)
+        INTO v_rows, v_head
+        USING p_limit, p_broken;
+        EXIT WHEN v_rows IS NOT NULL OR v_head IS NULL;
+    END LOOP;
+    IF v_rows IS NULL THEN
+        RETURN;
+    END IF;
+    deltas := cardinality(v_rows);
+    SELECT max(r.id) INTO last_claimed FROM unnest(v_rows) AS r;
+
+    FOR g IN
+        SELECT r.target_id, r.key, sum(r.delta) AS delta, count(*) AS n,
+               min(r.created_at) AS created_at, array_agg(r.id) AS ids
+          FROM unnest(v_rows) AS r
+         GROUP BY r.target_id, r.key
+         ORDER BY r.target_id, r.key
+    LOOP
+        BEGIN
+            SELECT * INTO t FROM pgcounters.targets WHERE id = g.target_id;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'counter id % no longer exists', g.target_id
+                    USING ERRCODE = 'PC003';
+            END IF;
+            v_key := g.key::text[];
+            IF coalesce(array_length(v_key, 1), 0) <> coalesce(array_length(t.key_types, 1), 0)
+               OR array_position(v_key, NULL) IS NOT NULL THEN
+                RAISE EXCEPTION 'counter % takes a key of (%), got %',
+                    t.name, array_to_string(t.key_types, ', '), g.key USING ERRCODE = 'PC004';
+            END IF;
+            IF g.delta = 0 THEN
+                NULL;
+            ELSIF t.target_table IS NULL THEN
+                INSERT INTO pgcounters.counters AS k (target_id, key, value)
+                VALUES (t.id, v_key, g.delta)
+                ON CONFLICT (target_id, key) DO UPDATE SET value = k.value + excluded.value;
+                keys := keys + 1;
+                IF v_note THEN
+                    PERFORM pg_catalog.set_config('pgcounters.changes',
+                        (coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')::jsonb
+                         || jsonb_build_array(jsonb_build_array(t.name, v_key)))::text, true);
+                END IF;
+            ELSIF t.id = ANY (p_broken) THEN
+                NULL;  -- not claimed (left out above)
+            ELSE
+                -- here in target order, not table order: try only, never wait
+                PERFORM pg_try_advisory_xact_lock(hashtext('pgcounters.parents'),
+                        hashtext(format('%I.%I', t.target_schema, t.target_table)));
+                SELECT l.locked, l.busy INTO v_lock
+                  FROM pgcounters._lock_parents(t.target_schema, t.target_table,
+                       t.target_key_column, t.key_types[1], ARRAY[v_key[1]]) AS l;
+                IF cardinality(v_lock.locked) > 0 THEN
+                    v_applied := pgcounters._apply_column(
+                        t, ARRAY[v_key[1]], ARRAY[g.delta], v_lock.locked);
+                    keys := keys + v_applied;
+                    IF v_note AND v_applied > 0 THEN
+                        PERFORM pg_catalog.set_config('pgcounters.changes',
+                            (coalesce(nullif(current_setting('pgcounters.changes', true), ''), '[]')::jsonb
+                             || jsonb_build_array(jsonb_build_array(t.name, v_lock.locked)))::text, true);
+                    END IF;
+                ELSIF cardinality(v_lock.busy) > 0 THEN
+                    EXECUTE format(
+                        'INSERT INTO pgcounters.%I (target_id, key, delta, created_at)
+                         VALUES ($1, $2, $3, $4) RETURNING id', v_queue)
+                    INTO v_id USING t.id, g.key, g.delta::bigint, g.created_at;
+                    busy := busy + g.n;
+                    first_requeued := least(first_requeued, v_id);
+                END IF;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+            IF NOT pgcounters._quarantinable(v_state) THEN
+                RAISE;
+            END IF;
+            INSERT INTO pgcounters.quarantine
+                   (target_id, counter, key, delta, unlogged, created_at, sqlstate, error)
+            SELECT r.target_id,
+                   coalesce((SELECT name FROM pgcounters.targets WHERE id = r.target_id),
+                            (SELECT name FROM pgcounters.dropped_targets WHERE id = r.target_id)),
+                   r.key, r.delta, p_unlogged, r.created_at, v_state, v_message
+              FROM unnest(v_rows) AS r
+             WHERE r.id = ANY (g.ids)
+             ORDER BY r.id;
+            quarantined := quarantined + g.n;
+            RAISE WARNING 'pgcounters: % delta(s) of counter % key % set aside: %',
+                g.n, coalesce(t.name, '#' || g.target_id), g.key, v_message;
+        END;
+    END LOOP;
 END;
 $$;
