@@ -75,24 +75,33 @@ def test_the_largest_batch_is_a_setting_and_equal_to_the_batch_size_fixes_it(
     assert pc.get_many("u", range(500), exact=False) == [10] * 500
 
 
-def test_a_worker_behind_applies_its_backlog_in_batches_of_up_to_the_maximum(
-    dsn: str, conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
-) -> None:
-    _backlog(conn, pc, 5000, 500)
-    caplog.set_level(logging.DEBUG, logger="pgcounters.worker")
+def _drained_by_a_worker(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture, deltas: int
+) -> tuple[Worker, list[int]]:
+    """Run a worker (batches of 100, of up to 2,000 for a backlog) until the queue is empty
+    and ``deltas`` are applied; return it and the deltas each of its batches applied."""
+    caplog.set_level(logging.DEBUG, logger="pgcounters")
     settings = WorkerSettings(
         batch_size=100, max_batch_size=2000, min_interval=0.01, max_interval=0.05, log_every=0
     )
     worker = Worker(dsn, settings)
     with running(worker) as errors:
         wait_for(lambda: queued(conn) == 0)
-        wait_for(lambda: worker.get_stats().deltas == 5000)
+        wait_for(lambda: worker.get_stats().deltas == deltas)
     assert errors == []
     sizes = [
         int(m.group(1))
         for r in caplog.records
         if (m := re.match(r"applied (\d+) deltas", r.getMessage()))
     ]
+    return worker, sizes
+
+
+def test_a_worker_behind_applies_its_backlog_in_batches_of_up_to_the_maximum(
+    dsn: str, conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
+) -> None:
+    _backlog(conn, pc, 5000, 500)
+    _, sizes = _drained_by_a_worker(dsn, conn, caplog, 5000)
     assert sizes == [2000, 2000, 1000]
     assert pc.get_many("v", range(500), exact=False) == [10] * 500
 
@@ -200,25 +209,12 @@ def test_a_large_batch_holding_a_bad_delta_is_taken_again_in_small_batches(
     batch is refused and the part of the queue it covered drained in batches of
     batch_size, one of which sets the bad delta aside."""
     _bad_delta_in_backlog(conn, pc, 2500, 2499)
-    caplog.set_level(logging.DEBUG, logger="pgcounters")
-    settings = WorkerSettings(
-        batch_size=100, max_batch_size=2000, min_interval=0.01, max_interval=0.05, log_every=0
-    )
-    worker = Worker(dsn, settings)
-    with running(worker) as errors:
-        wait_for(lambda: queued(conn) == 0)
-        wait_for(lambda: worker.get_stats().deltas == 4999)
-    assert errors == []
+    worker, sizes = _drained_by_a_worker(dsn, conn, caplog, 4999)
     assert worker.get_stats().quarantined == 1
     assert any(
         "a batch of 2000 deltas holds one that cannot be applied" in r.getMessage()
         for r in caplog.records
     )
-    sizes = [
-        int(m.group(1))
-        for r in caplog.records
-        if (m := re.match(r"applied (\d+) deltas", r.getMessage()))
-    ]
     # 2,000; the next 2,000 (the bad delta among them) in 20 batches of 100 (99 applied in
     # the one that set it aside); the last 1,000 in one
     assert sizes == [2000, *[100] * 5, 99, *[100] * 14, 1000]
