@@ -84,6 +84,14 @@ queue holds more than a batch: a backlog is applied in one larger batch, so that
 is written once for all of its deltas instead of once per batch."""
 
 
+def _outside_a_transaction() -> Plan[ConnState]:
+    """The connection, refused (DrainError) inside a transaction: a batch commits."""
+    conn: ConnState = yield Connection()
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise DrainError("drain must run outside a transaction: each batch commits on its own")
+    return conn
+
+
 def batch_for(queued: int, batch_size: int, max_batch_size: int) -> int:
     """The size of the next batch of a queue holding about ``queued`` deltas: ``batch_size``,
     or all of them up to ``max_batch_size`` when more are queued."""
@@ -1031,9 +1039,7 @@ class _CounterPlans:
     ) -> Plan[BatchResult]:
         """One batch of :meth:`_drain_queue_batch`; ``careful_limit`` is set for its
         transaction (a statement of its own, so not ``one_statement``)."""
-        conn: ConnState = yield Connection()
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            raise DrainError("drain must run outside a transaction: each batch commits on its own")
+        conn = yield from _outside_a_transaction()
         if not self._schema_checked:
             # in a transaction of its own: on a connection outside autocommit, a check run
             # bare would open one, and each batch would then be a savepoint in it, not a
@@ -1156,9 +1162,7 @@ class _CounterPlans:
                 f"statement_timeout must be zero or more seconds, at most {_MAX_TIMEOUT}, "
                 f"got {statement_timeout!r}"
             )
-        conn: ConnState = yield Connection()
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            raise DrainError("drain must run outside a transaction: each batch commits on its own")
+        yield from _outside_a_transaction()
         timeout = f"{round(statement_timeout * 1000)}ms"
 
         def set_timeout() -> Plan[str]:
@@ -1198,6 +1202,10 @@ class _CounterPlans:
         time_limit: float | None,
         stop: Callable[[], bool] | None,
     ) -> Plan[DrainResult]:
+        yield from _outside_a_transaction()
+        if not self._schema_checked:
+            # before the queues' spans are read (a transaction of its own, as a batch's)
+            yield Transaction(self._ensure_schema())
         started = time.perf_counter()
         deltas = keys = batches = quarantined = 0
         busy = [0, 0]
