@@ -238,13 +238,8 @@ def test_the_drain_and_drain_all_take_a_refused_batch_again_in_small_batches(
     assert pc.get_many("v", range(500), exact=False) == [9] + [10] * 499
 
 
-def test_a_large_batch_cancelled_by_a_statement_timeout_goes_on_in_batches_of_batch_size(
-    conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A role's statement_timeout too short for a backlog in one batch: the drain goes on
-    in batches of batch_size instead of failing on every run."""
-    _backlog(conn, pc, 5000, 500)
-    # a batch writing more than 200 counter values takes a second: longer than the timeout
+def _slow_large_batches(conn: Conn) -> None:
+    """A batch writing more than 200 counter values takes a second (a test trigger)."""
     conn.execute(
         "CREATE FUNCTION slow_when_many() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
         " IF (SELECT count(*) FROM written) > 200 THEN PERFORM pg_sleep(1); END IF;"
@@ -254,6 +249,33 @@ def test_a_large_batch_cancelled_by_a_statement_timeout_goes_on_in_batches_of_ba
         "CREATE TRIGGER slow_when_many AFTER INSERT ON pgcounters.counters"
         " REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION slow_when_many()"
     )
+
+
+def test_a_worker_whose_large_batch_hits_its_statement_timeout_halves_it_at_once(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    """Each cancelled batch is followed by a smaller one without waiting the longest
+    polling interval (30 s here): the backlog is still there."""
+    _backlog(conn, pc, 5000, 500)
+    _slow_large_batches(conn)
+    settings = WorkerSettings(
+        batch_size=100, statement_timeout=0.3, min_interval=0.01, max_interval=30, log_every=0
+    )
+    worker = Worker(dsn, settings)
+    with running(worker) as errors:
+        wait_for(lambda: queued(conn) == 0, timeout=25)
+    assert errors == []
+    assert worker.get_stats().errors >= 4  # 5000, 2500, 1250, 625 and 312 are too slow
+    assert pc.get_many("v", range(500), exact=False) == [10] * 500
+
+
+def test_a_large_batch_cancelled_by_a_statement_timeout_goes_on_in_batches_of_batch_size(
+    conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role's statement_timeout too short for a backlog in one batch: the drain goes on
+    in batches of batch_size instead of failing on every run."""
+    _backlog(conn, pc, 5000, 500)
+    _slow_large_batches(conn)  # longer than the timeout below
     conn.execute("SET statement_timeout = '300ms'")
     result = pc.drain(100)
     conn.execute("RESET statement_timeout")

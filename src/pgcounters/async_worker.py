@@ -172,7 +172,7 @@ class AsyncWorker:
                     if reason is not None:
                         await run_async(record_retry_plan("drain", reason), conn)
                     if not self.stopping:
-                        await self._wait(conn, s.max_interval)
+                        await self._wait(conn, self._core._retry_wait())
                     continue
                 except SchemaError:
                     raise

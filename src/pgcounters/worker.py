@@ -258,6 +258,7 @@ class Worker:
         self._last_size = self._batch_size
         # batches of batch_size still to take from each queue after a large one was refused
         self._small = [0, 0]
+        self._halved = False  # the last failed round halved the largest batch
         self._backfills = True  # off once the role turns out unable to run them
         # counters whose backfill this role may not run (it may not read their tables)
         self._backfills_refused: dict[str, PermissionDenied] = {}
@@ -332,7 +333,7 @@ class Worker:
                 except psycopg.Error as exc:
                     conn = self._failed(conn, exc)
                     if conn is not None and not self._stop.is_set():
-                        self._wait(conn, s.max_interval)
+                        self._wait(conn, self._retry_wait())
                     continue
                 except SchemaError:
                     raise
@@ -491,7 +492,9 @@ class Worker:
             # `status` and Prometheus like recount's and verify's
             reason = retry_reason(exc)
             if isinstance(exc, pg.QueryCanceled) and self._last_size > MIN_BATCH_SIZE:
-                # the batch that took too long, halved: the most of any batch from now on
+                # the batch that took too long, halved: the most of any batch from now on,
+                # the next one soon
+                self._halved = True
                 self._batch_cap = max(MIN_BATCH_SIZE, self._last_size // 2)
                 self._batch_size = min(self._batch_size, self._batch_cap)
                 with self._lock:
@@ -507,6 +510,12 @@ class Worker:
             return reason
         logger.error("draining failed, retrying: %s", str(exc).strip() or exc)
         return None
+
+    def _retry_wait(self) -> float:
+        """The wait after a failed round: the shortest after a batch halved by a statement
+        timeout (a large batch's backlog is still there), else the longest."""
+        halved, self._halved = self._halved, False
+        return self.settings.min_interval if halved else self.settings.max_interval
 
     def _count_error(self) -> None:
         with self._lock:
