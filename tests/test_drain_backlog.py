@@ -177,10 +177,11 @@ def test_the_cli_drain_and_worker_take_the_largest_batch_as_an_option(
     assert code == 0
     assert (out["deltas"], out["keys"]) == (3000, 900)  # three batches of 1,000, 300 keys each
     for command in ("drain", "worker"):
-        with pytest.raises(SystemExit) as usage:
-            cli.run(["--dsn", dsn, command, "--max-batch-size", "0"])
-        assert usage.value.code == 2
-        assert "--max-batch-size must be a positive integer" in capsys.readouterr().err
+        for bad, says in (("0", "a positive integer"), ("2147483648", "at most 2147483647")):
+            with pytest.raises(SystemExit) as usage:
+                cli.run(["--dsn", dsn, command, "--max-batch-size", bad])
+            assert usage.value.code == 2
+            assert f"--max-batch-size must be {says}" in capsys.readouterr().err
 
 
 def _bad_delta_in_backlog(conn: Conn, pc: Counters, before: int, after: int) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from pgcounters import __version__, schema, sqlfiles
 from pgcounters.cli.common import EXIT_ERROR, EXIT_MORE, EXIT_OK, print_json, verbs
 from pgcounters.cli.types import (
+    batch_size,
     non_negative_int,
     non_negative_seconds,
     port,
@@ -288,12 +289,16 @@ def configure_operations(sub: Any) -> None:
     p.set_defaults(no_database=True, check=_check_schema)
 
     p = add("drain", _cmd_drain, "apply queued deltas (one transaction per batch)")
-    p.add_argument("--batch-size", type=positive_int, default=10_000)
+    p.add_argument("--batch-size", type=batch_size, default=10_000)
     p.add_argument(
-        "--max-batch-size", type=positive_int, default=MAX_BATCH_SIZE, metavar="N",
-        help="a queue holding more than a batch is applied in one batch of up to N deltas",
+        "--max-batch-size", type=batch_size, default=MAX_BATCH_SIZE, metavar="N",
+        help="a queue holding more than a batch is applied in one batch of up to N deltas "
+        "(default 500000)",
     )  # fmt: skip
-    p.add_argument("--max-batches", type=non_negative_int)
+    p.add_argument(
+        "--max-batches", type=non_negative_int, metavar="N",
+        help="stop after N batches (each of up to --max-batch-size deltas)",
+    )  # fmt: skip
     p.add_argument(
         "--time-limit",
         type=non_negative_seconds,
@@ -310,10 +315,11 @@ def configure_operations(sub: Any) -> None:
     out.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = add("worker", _cmd_worker, "drain continuously until SIGTERM (one transaction per batch)")
-    p.add_argument("--batch-size", type=positive_int, default=10_000, help="deltas per batch")
+    p.add_argument("--batch-size", type=batch_size, default=10_000, help="deltas per batch")
     p.add_argument(
-        "--max-batch-size", type=positive_int, default=MAX_BATCH_SIZE, metavar="N",
-        help="a queue holding more than a batch is applied in one batch of up to N deltas",
+        "--max-batch-size", type=batch_size, default=MAX_BATCH_SIZE, metavar="N",
+        help="a queue holding more than a batch is applied in one batch of up to N deltas "
+        "(default 500000)",
     )  # fmt: skip
     p.add_argument("--min-interval", type=positive_seconds, default=0.05, metavar="S",
                    help="first wait when idle")  # fmt: skip

@@ -29,6 +29,15 @@ def positive_int(text: str) -> int:
     return value
 
 
+def batch_size(text: str) -> int:
+    """A drain's batch size: an integer from 1 to 2147483647 (the SQL functions take an
+    ``integer``)."""
+    value = positive_int(text)
+    if value > 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"must be at most 2147483647, got {text!r}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """An integer of at least 0."""
     value = _integer(text)
