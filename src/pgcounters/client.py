@@ -98,6 +98,12 @@ def batch_for(queued: int, batch_size: int, max_batch_size: int) -> int:
     return max(batch_size, min(queued, max_batch_size, INT_MAX))
 
 
+def batches_after_refusal(refused: int, batch_size: int) -> int:
+    """How many more batches of ``batch_size`` cover the part of a queue that a refused
+    batch of ``refused`` deltas covered (the first of them is the one taken instead)."""
+    return -(-refused // batch_size) - 1
+
+
 def check_batch_size(name: str, value: object) -> int:
     """``value`` as a batch size (a positive int of at most 2**31 - 1), or InvalidArgument."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
@@ -1252,7 +1258,7 @@ class _CounterPlans:
                 if batch.refused:
                     # the rest of the part of the queue the refused batch covered, in
                     # batches of batch_size (one of them sets the bad delta aside)
-                    small[unlogged] = -(-batch.refused // sizes[0]) - 1
+                    small[unlogged] = batches_after_refusal(batch.refused, sizes[0])
                 batches += 1
                 deltas += batch.deltas
                 keys += batch.keys

@@ -46,6 +46,7 @@ from pgcounters.client import (
     BatchResult,
     Counters,
     batch_for,
+    batches_after_refusal,
     record_retry,
     retry_reason,
 )
@@ -681,7 +682,7 @@ class Worker:
             # a large batch held a delta that cannot be applied: the part of the queue it
             # covered in batches of batch_size (this result is the first of them)
             size = self._batch_size
-            self._small[unlogged] = -(-batch.refused // size) - 1
+            self._small[unlogged] = batches_after_refusal(batch.refused, size)
         # deltas left busy with more queued ahead of them: go on at once
         got = deltas + (batch.busy if batch.ahead else 0)
         full = deltas + batch.busy >= size

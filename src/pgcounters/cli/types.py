@@ -13,6 +13,8 @@ import json
 import math
 from typing import Any
 
+from pgcounters.client import INT_MAX
+
 
 def _integer(text: str) -> int:
     try:
@@ -33,8 +35,8 @@ def batch_size(text: str) -> int:
     """A drain's batch size: an integer from 1 to 2147483647 (the SQL functions take an
     ``integer``)."""
     value = positive_int(text)
-    if value > 2**31 - 1:
-        raise argparse.ArgumentTypeError(f"must be at most 2147483647, got {text!r}")
+    if value > INT_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INT_MAX}, got {text!r}")
     return value
 
 
