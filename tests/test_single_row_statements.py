@@ -1,0 +1,185 @@
+"""A statement that writes one row queues that row's delta as it is, without grouping the
+statement's rows by key: the same deltas as the grouped statement, for every kind of queued
+counter (counts, sums, decimal sums, conditions, keys of several parts, NULL parts, both
+queues), and no hash table built for it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcounters import triggers
+from pgcounters.connection import Conn
+from pgcounters.specs import CounterSpec, Fragment, NamedTarget
+
+DDL = """
+CREATE TABLE item (
+    id bigserial PRIMARY KEY,
+    shelf integer,
+    tag text,
+    qty integer NOT NULL DEFAULT 0,
+    price numeric(10, 2) NOT NULL DEFAULT 0,
+    hidden boolean NOT NULL DEFAULT false
+);
+"""
+
+# (shelf, tag, qty, price, hidden): rows that count, rows that do not (hidden, a NULL key
+# part), rows whose summed value is zero or negative
+ROWS: list[tuple[int | None, str | None, int, Decimal, bool]] = [
+    (1, "a", 3, Decimal("1.25"), False),
+    (1, "a", 0, Decimal("0.00"), False),
+    (2, "b,{c}", -4, Decimal("-7.10"), False),
+    (2, None, 5, Decimal("2.00"), False),
+    (None, "a", 6, Decimal("0.01"), False),
+    (3, "c", 7, Decimal("9.99"), True),
+    (1, "a", 2, Decimal("0.75"), False),
+]
+
+
+def specs() -> list[CounterSpec]:
+    visible = Fragment("NOT hidden")
+    return [
+        CounterSpec(
+            name="items.by_shelf", source="item", keys=("shelf",),
+            target=NamedTarget(("bigint",)), where=visible,
+        ),
+        CounterSpec(
+            name="items.qty_by_shelf_tag", source="item", keys=("shelf", "tag"),
+            target=NamedTarget(("bigint", "text")), sum="qty",
+        ),
+        CounterSpec(
+            name="items.price", source="item", target=NamedTarget(), sum="price", scale=2,
+            where=visible,
+        ),
+        CounterSpec(
+            name="items.by_tag_unlogged", source="item", keys=("tag",),
+            target=NamedTarget(("text",)), mode="unlogged",
+        ),
+    ]  # fmt: skip
+
+
+def _contributions(row: tuple[Any, ...]) -> list[tuple[str, tuple[Any, ...], int]]:
+    """What one row adds to each counter, in the units the queues count in."""
+    shelf, tag, qty, price, hidden = row
+    out: list[tuple[str, tuple[Any, ...], int]] = []
+    if not hidden and shelf is not None:
+        out.append(("items.by_shelf", (str(shelf),), 1))
+    if shelf is not None and tag is not None and qty != 0:
+        out.append(("items.qty_by_shelf_tag", (str(shelf), tag), qty))
+    if not hidden and price != 0:
+        out.append(("items.price", (), int(price * 100)))
+    if tag is not None:
+        out.append(("items.by_tag_unlogged", (tag,), 1))
+    return out
+
+
+def _take_queued(conn: Conn) -> list[tuple[str, tuple[Any, ...], int]]:
+    """The deltas both queues hold, one entry a queue row, and empty them."""
+    rows = conn.execute(
+        """
+        WITH q AS (DELETE FROM pgcounters.queue RETURNING target_id, key, delta),
+             u AS (DELETE FROM pgcounters.queue_unlogged RETURNING target_id, key, delta)
+        SELECT t.name, q.key::text[], q.delta
+          FROM (SELECT * FROM q UNION ALL SELECT * FROM u) AS q
+          JOIN pgcounters.targets AS t ON t.id = q.target_id
+        """
+    ).fetchall()
+    return sorted((name, tuple(key), delta) for name, key, delta in rows)
+
+
+def _install(conn: Conn) -> None:
+    conn.execute(DDL)
+    triggers.install(conn, specs())
+    _take_queued(conn)
+
+
+def test_a_single_row_statement_queues_that_rows_deltas(conn: Conn) -> None:
+    _install(conn)
+    ids: list[int] = []
+    for row in ROWS:
+        found = conn.execute(
+            "INSERT INTO item (shelf, tag, qty, price, hidden) VALUES (%s, %s, %s, %s, %s)"
+            " RETURNING id",
+            row,
+        ).fetchone()
+        assert found is not None
+        ids.append(found[0])
+        assert _take_queued(conn) == sorted(_contributions(row)), row
+    for row_id, row in zip(ids, ROWS, strict=True):
+        conn.execute("DELETE FROM item WHERE id = %s", (row_id,))
+        expected = sorted((n, k, -d) for n, k, d in _contributions(row))
+        assert _take_queued(conn) == expected, row
+
+
+def _grouped(rows: list[tuple[Any, ...]], sign: int = 1) -> list[tuple[str, tuple[Any, ...], int]]:
+    """What a statement of these rows queues: one delta a counter and key, none of zero."""
+    totals: dict[tuple[str, tuple[Any, ...]], int] = defaultdict(int)
+    for row in rows:
+        for name, key, delta in _contributions(row):
+            totals[(name, key)] += sign * delta
+    return sorted((n, k, d) for (n, k), d in totals.items() if d != 0)
+
+
+def test_a_statement_of_several_rows_queues_one_delta_a_key(conn: Conn) -> None:
+    _install(conn)
+    with conn.cursor() as cur:
+        cur.executemany(  # one statement a row
+            "INSERT INTO item (shelf, tag, qty, price, hidden) VALUES (%s, %s, %s, %s, %s)",
+            ROWS,
+        )
+    assert _take_queued(conn) == sorted(d for row in ROWS for d in _contributions(row))
+    conn.execute(
+        "INSERT INTO item (shelf, tag, qty, price, hidden)"
+        " SELECT shelf, tag, qty, price, hidden FROM item"
+    )
+    assert _take_queued(conn) == _grouped(ROWS)
+    conn.execute("DELETE FROM item")
+    assert _take_queued(conn) == _grouped(ROWS + ROWS, sign=-1)
+
+
+def _nested_plans(conn: Conn, statement: str) -> str:
+    """The plans of the statements the triggers ran for ``statement`` (auto_explain)."""
+    notices: list[str] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        notices.append(diag.message_primary or "")
+
+    conn.add_notice_handler(keep)
+    try:
+        conn.execute(statement)
+    finally:
+        conn.remove_notice_handler(keep)
+    return "\n".join(notices)
+
+
+def test_a_single_row_statement_groups_nothing(conn: Conn) -> None:
+    _install(conn)
+    try:
+        conn.execute("LOAD 'auto_explain'")
+    except psycopg.Error as exc:  # a server without the contrib module, or not a superuser
+        pytest.skip(f"auto_explain cannot be loaded here: {exc}")
+    for setting, value in (
+        ("auto_explain.log_min_duration", "0"),
+        ("auto_explain.log_nested_statements", "on"),
+        ("auto_explain.log_level", "notice"),
+    ):
+        conn.execute("SELECT set_config(%s, %s, false)", (setting, value))
+    one = _nested_plans(conn, "INSERT INTO item (shelf, tag, qty, price) VALUES (1, 'a', 2, 1.50)")
+    assert 'Insert on "queue"' in one or "Insert on queue" in one
+    assert "Insert on queue_unlogged" in one
+    assert "Aggregate" not in one
+    two = _nested_plans(
+        conn, "INSERT INTO item (shelf, tag, qty, price) VALUES (1, 'a', 2, 1.50), (2, 'b', 1, 1)"
+    )
+    assert "HashAggregate" in two or "GroupAggregate" in two
+    gone = _nested_plans(conn, "DELETE FROM item WHERE shelf = 2")
+    assert "Aggregate" not in gone
+    first = (1, "a", 2, Decimal("1.50"), False)
+    second = (2, "b", 1, Decimal("1.00"), False)
+    assert _take_queued(conn) == sorted(
+        _contributions(first) + _grouped([first, second]) + _grouped([second], sign=-1)
+    )
