@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+import pytest
+from psycopg import sql
+
 from pgcounters.connection import Conn
 from pgcounters.demos.bench import SCENARIOS, pgbench
 from pgcounters.demos.bench.sqlincr import VARIANTS
@@ -36,6 +41,7 @@ def test_the_counters_per_table_scenario_checks_every_delta(dsn: str) -> None:
     expected = {f"{shape} {n}{suffix}" for n in width.WIDTHS for shape, suffix in
                 (("single-row", ""), ("single-row", " async"), ("bulk", ""))}  # fmt: skip
     expected |= {f"single-row {n} floor{suffix}" for n in width.FLOORS for suffix in ("", " async")}
+    expected |= {f"single-row {width.ONE_TRIGGER} floor one trigger{s}" for s in ("", " async")}
     assert set(scenario.runs) == expected
     assert all(m.exact for runs in scenario.runs.values() for m in runs)
     targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
@@ -62,38 +68,26 @@ def test_a_lost_delta_is_not_exact(conn: Conn) -> None:
         width.cleanup(conn)
 
 
-def test_the_floor_counts_each_single_row_statement_once_per_counter(conn: Conn) -> None:
+@pytest.mark.parametrize("floor", ["each", "one"])
+def test_the_floor_counts_each_single_row_statement_once_per_counter(
+    conn: Conn, floor: Literal["each", "one"]
+) -> None:
     from pgcounters.demos.bench import width
 
     width.prepare(conn)
+    table = {"each": "f5", "one": "o5"}[floor]
     try:
-        conn.execute("INSERT INTO bench_width.f5 (a, b, c) VALUES (1, 2, 3)")
-        conn.execute("INSERT INTO bench_width.f5 (a, b, c) VALUES (4, 5, 6)")
-        assert width.exact(conn, 5, 2, single_row=True, floor=True)
-        assert not width.exact(conn, 5, 3, single_row=True, floor=True)
-        width._empty(conn, 5, floor=True)
-        assert width.exact(conn, 5, 0, single_row=True, floor=True)
+        insert = sql.SQL("INSERT INTO {} (a, b, c) VALUES (%s, %s, %s)").format(
+            sql.Identifier("bench_width", table)
+        )
+        conn.execute(insert, (1, 2, 3))
+        conn.execute(insert, (4, 5, 6))
+        assert width.exact(conn, 5, 2, single_row=True, floor=floor)
+        assert not width.exact(conn, 5, 3, single_row=True, floor=floor)
+        width._empty(conn, 5, floor=floor)
+        assert width.exact(conn, 5, 0, single_row=True, floor=floor)
     finally:
         width.cleanup(conn)
     assert not conn.execute(
         "SELECT 1 FROM pgcounters.targets WHERE name LIKE 'bench.width.%'"
     ).fetchall()
-
-
-def test_the_worker_cost_run_measures_cpu_lag_and_counts_every_increment(dsn: str) -> None:
-    from pgcounters.demos.bench import worker_cost
-
-    binary = pgbench.find()
-    assert binary is not None
-    m = worker_cost._run(dsn, binary, 0.02, 1.0)
-    assert m.exact
-    assert m.operations > 0
-    assert m.seconds > 0  # the worker and its backend used some CPU
-    assert m.extra["CPU us/delta"] > 0
-    assert m.extra["lag p99 ms"] >= m.extra["lag p50 ms"] >= 0
-    assert set(worker_cost.VARIANTS) == {
-        "linger 0",
-        "linger 10 ms",
-        "linger 20 ms (default)",
-        "linger 50 ms",
-    }

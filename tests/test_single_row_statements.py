@@ -5,6 +5,7 @@ queues), and no hash table built for it."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from decimal import Decimal
 from typing import Any
@@ -115,13 +116,19 @@ def test_a_single_row_statement_queues_that_rows_deltas(conn: Conn) -> None:
         assert _take_queued(conn) == expected, row
 
 
-def _grouped(rows: list[tuple[Any, ...]], sign: int = 1) -> list[tuple[str, tuple[Any, ...], int]]:
-    """What a statement of these rows queues: one delta a counter and key, none of zero."""
+def _net(rows: list[tuple[tuple[Any, ...], int]]) -> list[tuple[str, tuple[Any, ...], int]]:
+    """The deltas a statement of these rows (each with its sign) queues: one a counter
+    and key, none of zero."""
     totals: dict[tuple[str, tuple[Any, ...]], int] = defaultdict(int)
-    for row in rows:
+    for row, sign in rows:
         for name, key, delta in _contributions(row):
             totals[(name, key)] += sign * delta
     return sorted((n, k, d) for (n, k), d in totals.items() if d != 0)
+
+
+def _grouped(rows: list[tuple[Any, ...]], sign: int = 1) -> list[tuple[str, tuple[Any, ...], int]]:
+    """What a statement of these rows queues: one delta a counter and key, none of zero."""
+    return _net([(row, sign) for row in rows])
 
 
 def test_a_statement_of_several_rows_queues_one_delta_a_key(conn: Conn) -> None:
@@ -139,6 +146,81 @@ def test_a_statement_of_several_rows_queues_one_delta_a_key(conn: Conn) -> None:
     assert _take_queued(conn) == _grouped(ROWS)
     conn.execute("DELETE FROM item")
     assert _take_queued(conn) == _grouped(ROWS + ROWS, sign=-1)
+
+
+# (before, after) of single-row UPDATEs: the key kept (a save() that changes nothing
+# counted), the key moved, the condition flipped, a NULL key part filled, a summed value
+# changed or kept
+UPDATES: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = [
+    ((1, "a", 3, Decimal("1.25"), False), (1, "a", 3, Decimal("1.25"), False)),
+    ((1, "a", 3, Decimal("1.25"), False), (2, "a", 3, Decimal("1.25"), False)),
+    ((1, "a", 3, Decimal("1.25"), False), (1, "a", 3, Decimal("1.25"), True)),
+    ((1, "a", 3, Decimal("1.25"), True), (1, "a", 3, Decimal("1.25"), False)),
+    ((1, None, 3, Decimal("1.25"), False), (1, "b", 3, Decimal("1.25"), False)),
+    ((None, "a", 3, Decimal("1.25"), False), (4, "a", 8, Decimal("1.30"), False)),
+    ((1, "a", 3, Decimal("1.25"), False), (1, "a", 0, Decimal("0.00"), False)),
+    ((1, "a", 3, Decimal("1.25"), False), (1, "a", -3, Decimal("-1.25"), False)),
+    ((2, "b,{c}", 5, Decimal("0.10"), False), (3, "c", 5, Decimal("0.10"), True)),
+]
+
+
+def _change(
+    before: tuple[Any, ...], after: tuple[Any, ...]
+) -> list[tuple[str, tuple[Any, ...], int]]:
+    """What an UPDATE of one row from ``before`` to ``after`` queues: the net change a key."""
+    return _net([(before, -1), (after, 1)])
+
+
+def test_a_single_row_update_queues_the_change_of_that_row(conn: Conn) -> None:
+    _install(conn)
+    update = "UPDATE item SET shelf = %s, tag = %s, qty = %s, price = %s, hidden = %s WHERE id = %s"
+    for before, after in UPDATES:
+        found = conn.execute(
+            "INSERT INTO item (shelf, tag, qty, price, hidden) VALUES (%s, %s, %s, %s, %s)"
+            " RETURNING id",
+            before,
+        ).fetchone()
+        assert found is not None
+        _take_queued(conn)
+        conn.execute(update, (*after, found[0]))
+        assert _take_queued(conn) == _change(before, after), (before, after)
+    # an UPDATE of no row queues nothing
+    conn.execute(update, (*UPDATES[1][1], -1))
+    assert _take_queued(conn) == []
+
+
+def test_an_update_of_several_rows_queues_one_delta_a_key(conn: Conn) -> None:
+    _install(conn)
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO item (id, shelf, tag, qty, price, hidden) VALUES (%s, %s, %s, %s, %s, %s)",
+            [(i, *before) for i, (before, _) in enumerate(UPDATES)],
+        )
+    _take_queued(conn)
+    conn.execute(
+        "UPDATE item SET shelf = u.shelf, tag = u.tag, qty = u.qty, price = u.price,"
+        " hidden = u.hidden FROM jsonb_to_recordset(%s::jsonb)"
+        " AS u (id bigint, shelf integer, tag text, qty integer, price numeric, hidden boolean)"
+        " WHERE item.id = u.id",
+        (
+            json.dumps(
+                [
+                    dict(
+                        zip(
+                            ("id", "shelf", "tag", "qty", "price", "hidden"),
+                            (i, *after),
+                            strict=True,
+                        )
+                    )
+                    for i, (_, after) in enumerate(UPDATES)
+                ],
+                default=str,
+            ),
+        ),
+    )
+    assert _take_queued(conn) == _net(
+        [(after, 1) for _, after in UPDATES] + [(before, -1) for before, _ in UPDATES]
+    )
 
 
 def _nested_plans(conn: Conn, statement: str) -> str:
@@ -176,10 +258,19 @@ def test_a_single_row_statement_groups_nothing(conn: Conn) -> None:
         conn, "INSERT INTO item (shelf, tag, qty, price) VALUES (1, 'a', 2, 1.50), (2, 'b', 1, 1)"
     )
     assert "HashAggregate" in two or "GroupAggregate" in two
-    gone = _nested_plans(conn, "DELETE FROM item WHERE shelf = 2")
-    assert "Aggregate" not in gone
+    plans = _nested_plans(conn, "UPDATE item SET shelf = 3 WHERE shelf = 2")
+    assert "Aggregate" not in plans
+    assert _nested_plans(conn, "UPDATE item SET qty = qty + 1").count("HashAggregate") >= 3
+    plans = _nested_plans(conn, "DELETE FROM item WHERE shelf = 3")
+    assert "Aggregate" not in plans
     first = (1, "a", 2, Decimal("1.50"), False)
     second = (2, "b", 1, Decimal("1.00"), False)
+    moved = (3, "b", 1, Decimal("1.00"), False)
+    more = [(r[0], r[1], r[2] + 1, r[3], r[4]) for r in (first, first, moved)]
     assert _take_queued(conn) == sorted(
-        _contributions(first) + _grouped([first, second]) + _grouped([second], sign=-1)
+        _contributions(first)
+        + _grouped([first, second])
+        + _change(second, moved)
+        + _net([(r, 1) for r in more] + [(r, -1) for r in (first, first, moved)])
+        + _grouped([more[2]], sign=-1)
     )

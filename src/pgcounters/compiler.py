@@ -553,8 +553,10 @@ def _apply(
             "INSERT INTO {} (target_id, key, delta)\n"
             "    SELECT _pgc_target, n.key, n.delta FROM ({}) AS n;\n"
         ).format(queue, net(False))
-        if not own_rows or event == "update":
+        if not own_rows:
             return [], grouped
+        if event == "update":
+            return [], _one_row_update(spec, queue, grouped)
         return [], _one_row_first(spec, event, queue, grouped)
     if not isinstance(spec.target, ColumnTarget):
         # through a SECURITY DEFINER function (migration 0006): the writer of the
@@ -652,6 +654,50 @@ def _one_row_first(
         alias=sql.Identifier(spec.source.name),
         where=where,
         grouped=grouped,
+    )
+
+
+def _one_row_update(
+    spec: CounterSpec, queue: sql.Composable, grouped: sql.Composed
+) -> sql.Composed:
+    """An UPDATE of one row queues the change of that row (its old row's contribution
+    taken back, its new row's added, one delta when both have one key, none when they
+    cancel); an UPDATE of several rows runs ``grouped``. Unlike an INSERT's, the test
+    comes first: the UPDATE of a row whose key stays (``save()``) queues nothing."""
+
+    def side(relation: str, negate: bool) -> sql.Composed:
+        return sql.SQL(
+            "SELECT CASE WHEN {where} THEN {key} END AS key,"
+            " CASE WHEN {where} THEN {delta} END AS delta FROM {relation} AS {alias}"
+        ).format(
+            where=row_filter(spec),
+            key=_text_key(spec),
+            delta=_row_delta(spec, negate=negate),
+            relation=sql.Identifier(relation),
+            alias=sql.Identifier(spec.source.name),
+        )
+
+    return sql.SQL(
+        "IF EXISTS (SELECT FROM {old} OFFSET 1) OR EXISTS (SELECT FROM {new} OFFSET 1) THEN\n"
+        "    {grouped}"
+        "    ELSE\n"
+        "    INSERT INTO {queue} (target_id, key, delta)\n"
+        "    SELECT _pgc_target, c.key, c.delta\n"
+        "      FROM (SELECT) AS one LEFT JOIN ({before}) AS o ON true\n"
+        "           LEFT JOIN ({after}) AS n ON true,\n"
+        "        LATERAL (VALUES (o.key, CASE WHEN o.key = n.key THEN o.delta + n.delta"
+        " ELSE o.delta END),\n"
+        "                        (n.key, CASE WHEN o.key = n.key THEN 0 ELSE n.delta END))"
+        " AS c (key, delta)\n"
+        "     WHERE c.key IS NOT NULL AND c.delta <> 0;\n"
+        "    END IF;\n"
+    ).format(
+        old=sql.Identifier(OLD_TABLE),
+        new=sql.Identifier(NEW_TABLE),
+        grouped=grouped,
+        queue=queue,
+        before=side(OLD_TABLE, True),
+        after=side(NEW_TABLE, False),
     )
 
 

@@ -13,7 +13,10 @@ keyed by one of three integer columns), written two ways:
   a table whose N statement triggers each queue one constant row for a counter whose id
   they are given: what N queued counters must add at the least (a trigger fired and a
   queue row written each), with no pause check, no lookup of the counter and no reading
-  of the transition table.
+  of the transition table;
+* ``single-row 5 floor one trigger`` (both durabilities): one statement trigger that
+  queues the five constant rows in one INSERT: the least that five queued counters add
+  when one trigger serves every counter of the table.
 
 Targets: single-row with 1 counter >= 0.85x the rate with none, with 5 >= 0.7x; bulk
 with 2 counters costs at most 1.25x the insert with none (ratio >= 0.8). Each run starts
@@ -24,6 +27,7 @@ exactly one delta of +1 per row (single-row) or deltas summing to the rows (bulk
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from psycopg import sql
 
@@ -40,6 +44,8 @@ from pgcounters.specs import CounterSpec, NamedTarget, Table
 SCHEMA = "bench_width"
 WIDTHS = (0, 1, 2, 5, 10)
 FLOORS = (1, 5)
+ONE_TRIGGER = 5  # the width of the table whose one trigger queues every counter's row
+Floor = Literal["each", "one"] | None
 CLIENTS = 4
 COMPARISONS: tuple[Comparison, ...] = (
     ("single-row 1", "single-row 0", 0.85),
@@ -50,6 +56,8 @@ COMPARISONS: tuple[Comparison, ...] = (
     ("single-row 5 floor", "single-row 0", None),
     ("single-row 1", "single-row 1 floor", None),
     ("single-row 5", "single-row 5 floor", None),
+    ("single-row 5 floor one trigger", "single-row 0", None),
+    ("single-row 5 floor one trigger async", "single-row 0 async", None),
     ("single-row 1 async", "single-row 0 async", None),
     ("single-row 2 async", "single-row 0 async", None),
     ("single-row 5 async", "single-row 0 async", None),
@@ -69,11 +77,11 @@ def _q(name: str, table: str) -> sql.Composed:
     return sql.SQL(text).format(table=sql.Identifier(SCHEMA, table))
 
 
-def _table(width: int, floor: bool) -> str:
-    return f"f{width}" if floor else f"t{width}"
+def _table(width: int, floor: Floor) -> str:
+    return {None: "t", "each": "f", "one": "o"}[floor] + str(width)
 
 
-def names(width: int, *, floor: bool = False) -> list[str]:
+def names(width: int, *, floor: Floor = None) -> list[str]:
     return [f"bench.width.{_table(width, floor)}.c{i}" for i in range(width)]
 
 
@@ -89,13 +97,18 @@ def specs(width: int) -> list[CounterSpec]:
     ]
 
 
+def _floors() -> list[tuple[int, Floor]]:
+    each: list[tuple[int, Floor]] = [(width, "each") for width in FLOORS]
+    return [*each, (ONE_TRIGGER, "one")]
+
+
 def cleanup(conn: Conn) -> None:
     for width in WIDTHS:
         for name in names(width):
             triggers.uninstall(conn, name, drop_values=True)
     pc = Counters(conn)
-    for width in FLOORS:
-        for name in names(width, floor=True):
+    for width, floor in _floors():
+        for name in names(width, floor=floor):
             pc.drop_counter(name)
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
 
@@ -110,30 +123,33 @@ def prepare(conn: Conn) -> None:
     blocks = sqlfiles.named("bench_writes.sql")
     conn.execute(sql.SQL(blocks["floor_function"]).format(schema=sql.Identifier(SCHEMA)))
     pc = Counters(conn)
-    for width in FLOORS:
-        conn.execute(_q("width_table", _table(width, True)))
-        for i, name in enumerate(names(width, floor=True)):
-            counter = pc.create_counter(name, key=int)
+    for width, floor in _floors():
+        conn.execute(_q("width_table", _table(width, floor)))
+        ids = [str(pc.create_counter(name, key=int).id) for name in names(width, floor=floor)]
+        # each: one trigger a counter, given its id; one: one trigger given every id
+        for i, given in enumerate([[id_] for id_ in ids] if floor == "each" else [ids]):
             conn.execute(
                 sql.SQL(blocks["floor_trigger"]).format(
                     trigger=sql.Identifier(f"floor_{i}"),
-                    table=sql.Identifier(SCHEMA, _table(width, True)),
-                    function=sql.Identifier(SCHEMA, "floor_row"),
-                    target=sql.Literal(str(counter.id)),
+                    table=sql.Identifier(SCHEMA, _table(width, floor)),
+                    function=sql.Identifier(
+                        SCHEMA, "floor_row" if floor == "each" else "floor_rows"
+                    ),
+                    targets=sql.SQL(", ").join(sql.Literal(id_) for id_ in given),
                 )
             )
 
 
-def _empty(conn: Conn, width: int, *, floor: bool = False) -> None:
+def _empty(conn: Conn, width: int, *, floor: Floor = None) -> None:
     # TRUNCATE fires each counter's own reset: the queue and the stored values are empty
     conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(SCHEMA, _table(width, floor))))
     if floor:  # the floor's triggers know no TRUNCATE: its counters' deltas go here
         conn.execute(
-            sqlfiles.named("bench_writes.sql")["floor_empty"], {"names": names(width, floor=True)}
+            sqlfiles.named("bench_writes.sql")["floor_empty"], {"names": names(width, floor=floor)}
         )
 
 
-def exact(conn: Conn, width: int, rows: int, *, single_row: bool, floor: bool = False) -> bool:
+def exact(conn: Conn, width: int, rows: int, *, single_row: bool, floor: Floor = None) -> bool:
     """Every counter of the table queued deltas summing to ``rows`` (one a row: single-row)."""
     found = conn.execute(
         sqlfiles.named("bench_writes.sql")["width_queued"],
@@ -152,7 +168,7 @@ def _single_row(
     per_client: int,
     *,
     asynchronous: bool,
-    floor: bool = False,
+    floor: Floor = None,
 ) -> Measurement:
     _empty(conn, width, floor=floor)
     script = _q("pgbench_single_row", _table(width, floor)).as_string(conn) + ";\n"
@@ -191,7 +207,8 @@ def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
         "single-row with 1 counter >= 0.85x the rate with none, with 5 >= 0.7x; bulk with "
         "2 counters at most 1.25x the time with none. Beside them, the floor of 1 and 5 "
         "queued counters: triggers that each queue one constant row, their counter's id "
-        "given (the least a queued counter adds to a single-row statement).",
+        "given (the least a queued counter adds to a single-row statement), and of 5 "
+        "counters served by one trigger that queues their 5 rows in one INSERT.",
         unit="rows",
     )
     binary = pgbench.find()
@@ -209,7 +226,7 @@ def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
                         )
                         suffix = " async" if asynchronous else ""
                         scenario.add(f"single-row {width}{suffix}", m)
-                    for width in FLOORS:
+                    for width, floor in _floors():
                         assert binary is not None
                         m = _single_row(
                             binary,
@@ -218,9 +235,11 @@ def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
                             width,
                             per_client,
                             asynchronous=asynchronous,
-                            floor=True,
+                            floor=floor,
                         )
-                        suffix = " async" if asynchronous else ""
+                        suffix = (" one trigger" if floor == "one" else "") + (
+                            " async" if asynchronous else ""
+                        )
                         scenario.add(f"single-row {width} floor{suffix}", m)
                 for width in WIDTHS:
                     scenario.add(f"bulk {width}", _bulk(dsn, conn, width, rows))

@@ -101,10 +101,20 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+-- The same for several counters served by one trigger: one constant row for each counter
+-- whose id it is given, in one INSERT.
+CREATE FUNCTION {schema}.floor_rows() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pgcounters.queue (target_id, key, delta)
+    SELECT t::integer, '{{1}}', 1 FROM unnest(TG_ARGV) AS t;
+    RETURN NULL;
+END;
+$$;
 
 -- name: floor_trigger
 CREATE TRIGGER {trigger} AFTER INSERT ON {table} REFERENCING NEW TABLE AS pgc_new
-FOR EACH STATEMENT EXECUTE FUNCTION {function}({target});
+FOR EACH STATEMENT EXECUTE FUNCTION {function}({targets});
 
 -- name: floor_empty
 -- The deltas queued by the floor's triggers (counters named in %(names)s).
