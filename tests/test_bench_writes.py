@@ -42,12 +42,14 @@ def test_the_counters_per_table_scenario_checks_every_delta(dsn: str) -> None:
                 (("single-row", ""), ("single-row", " async"), ("bulk", ""))}  # fmt: skip
     expected |= {f"single-row {n} floor{suffix}" for n in width.FLOORS for suffix in ("", " async")}
     expected |= {f"single-row {width.ONE_TRIGGER} floor one trigger{s}" for s in ("", " async")}
+    expected |= {f"bulk {n} work_mem {width.BULK_WORK_MEM}" for n in (0, 2)}
     assert set(scenario.runs) == expected
     assert all(m.exact for runs in scenario.runs.values() for m in runs)
     targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
     assert targets[("single-row 1", "single-row 0")] == 0.85
     assert targets[("single-row 5", "single-row 0")] == 0.7
     assert targets[("bulk 2", "bulk 0")] == 0.8
+    assert targets[("bulk 2 work_mem 64MB", "bulk 0 work_mem 64MB")] == 0.8
     assert ("single-row 5", "single-row 5 floor") in targets
 
 

@@ -9,6 +9,9 @@ keyed by one of three integer columns), written two ways:
   wait for the disk, so the rate shows the CPU each counter costs (on a machine whose
   disk makes every COMMIT slow, the default durability hides it);
 * ``bulk N``: one ``INSERT ... SELECT`` of 100k rows (20k with ``--quick``) and its COMMIT;
+* ``bulk N work_mem 64MB`` (N = 0 and 2): the same with ``work_mem`` set to 64 MB for the
+  statement, which then holds its transition table in memory (with the default 4 MB,
+  PostgreSQL writes the 100k rows to a temporary file that each counter reads back);
 * ``single-row N floor`` (N = 1 and 5, both durabilities): the same single-row INSERTs into
   a table whose N statement triggers each queue one constant row for a counter whose id
   they are given: what N queued counters must add at the least (a trigger fired and a
@@ -67,6 +70,7 @@ COMPARISONS: tuple[Comparison, ...] = (
     ("bulk 1", "bulk 0", None),
     # "at most 1.25x the insert with no counters": time ratio >= 1 / 1.25
     ("bulk 2", "bulk 0", 0.8),
+    ("bulk 2 work_mem 64MB", "bulk 0 work_mem 64MB", 0.8),
     ("bulk 5", "bulk 0", None),
     ("bulk 10", "bulk 0", None),
 )
@@ -186,9 +190,16 @@ def _single_row(
     return Measurement(result.seconds, result.transactions, ok)
 
 
-def _bulk(dsn: str, conn: Conn, width: int, rows: int) -> Measurement:
+BULK_WORK_MEM = "64MB"
+"""The work_mem of the ``bulk N work_mem`` variants: enough for 100k rows' transition table."""
+
+
+def _bulk(dsn: str, conn: Conn, width: int, rows: int, work_mem: str | None = None) -> Measurement:
     _empty(conn, width)
     with connect(dsn, autocommit=False) as writer:
+        if work_mem is not None:
+            writer.execute("SELECT set_config('work_mem', %s, false)", (work_mem,))
+            writer.commit()
         started = time.perf_counter()
         writer.execute(_q("width_bulk", f"t{width}"), {"n": rows})
         writer.commit()
@@ -208,7 +219,9 @@ def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
         "2 counters at most 1.25x the time with none. Beside them, the floor of 1 and 5 "
         "queued counters: triggers that each queue one constant row, their counter's id "
         "given (the least a queued counter adds to a single-row statement), and of 5 "
-        "counters served by one trigger that queues their 5 rows in one INSERT.",
+        "counters served by one trigger that queues their 5 rows in one INSERT. Bulk with 0 "
+        f"and 2 counters again with work_mem {BULK_WORK_MEM}, which holds the statement's "
+        "transition table in memory.",
         unit="rows",
     )
     binary = pgbench.find()
@@ -243,6 +256,9 @@ def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
                         scenario.add(f"single-row {width} floor{suffix}", m)
                 for width in WIDTHS:
                     scenario.add(f"bulk {width}", _bulk(dsn, conn, width, rows))
+                for width in (0, 2):
+                    m = _bulk(dsn, conn, width, rows, work_mem=BULK_WORK_MEM)
+                    scenario.add(f"bulk {width} work_mem {BULK_WORK_MEM}", m)
         finally:
             cleanup(conn)
     scenario.compare([c for c in COMPARISONS if c[0] in scenario.runs and c[1] in scenario.runs])
