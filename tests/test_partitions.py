@@ -229,3 +229,37 @@ def test_a_partition_of_a_counter_delivered_by_django_is_followed_and_kept(
     conn.execute("ALTER TABLE event DETACH PARTITION event_12")
     conn.execute("DROP TABLE event_12")
     assert_counted(conn)
+
+
+def test_a_merge_moving_a_row_to_another_partition_is_not_seen_and_recount_repairs_it(
+    conn: Conn,
+) -> None:
+    """A documented limit of PostgreSQL: the UPDATE action of a MERGE that moves a row to
+    another partition hands the statement triggers neither row (a plain UPDATE that moves
+    one hands both). verify finds the difference and recount repairs it."""
+    from pgcounters.repair import recount, verify
+
+    conn.execute(
+        "CREATE TABLE ev (id int, region text, parent_id bigint, code text)"
+        " PARTITION BY LIST (region);"
+        "CREATE TABLE ev_eu PARTITION OF ev FOR VALUES IN ('eu');"
+        "CREATE TABLE ev_us PARTITION OF ev FOR VALUES IN ('us');"
+        "INSERT INTO ev VALUES (1, 'us', 2, 'm2'), (2, 'us', 3, 'm3')"
+    )
+    spec = CounterSpec(
+        name="ev.per_parent", source="ev", keys=("parent_id",), target=NamedTarget(("bigint",))
+    )
+    triggers.install(conn, [spec])
+    conn.execute("UPDATE ev SET region = 'eu', parent_id = 4 WHERE code = 'm3'")
+    assert verify(conn, "ev.per_parent").ok  # a plain UPDATE's move is counted
+    conn.execute(
+        "MERGE INTO ev AS t USING (SELECT 'm2' AS code) AS s ON t.code = s.code"
+        " WHEN MATCHED THEN UPDATE SET region = 'eu', parent_id = 5"
+    )
+    report = verify(conn, "ev.per_parent")
+    assert sorted((m.key, m.expected, m.actual) for m in report.mismatches) == [
+        ((2,), 0, 1),
+        ((5,), 1, 0),
+    ]
+    recount(conn, "ev.per_parent")
+    assert verify(conn, "ev.per_parent").ok

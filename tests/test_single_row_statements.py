@@ -274,3 +274,32 @@ def test_a_single_row_statement_groups_nothing(conn: Conn) -> None:
         + _net([(r, 1) for r in more] + [(r, -1) for r in (first, first, moved)])
         + _grouped([more[2]], sign=-1)
     )
+    # a row that three of the counters do not count (hidden, nothing summed) and a
+    # statement of no row take the single-row statement too, not the grouped one
+    plans = _nested_plans(
+        conn, "INSERT INTO item (shelf, tag, qty, price, hidden) VALUES (1, 'a', 0, 0, true)"
+    )
+    plans += _nested_plans(conn, "INSERT INTO item (shelf) SELECT 1 WHERE false")
+    assert plans.count("Insert on queue") == 8  # one a counter and statement
+    assert "Aggregate" not in plans
+    assert _take_queued(conn) == [("items.by_tag_unlogged", ("a",), 1)]
+
+
+def test_triggers_compiled_by_an_earlier_version_read_as_outdated(conn: Conn) -> None:
+    _install(conn)
+    assert {d.state for d in triggers.drift(conn)} == {"installed"}
+    row = conn.execute(
+        "SELECT pg_get_functiondef(t.tgfoid) FROM pg_trigger AS t"
+        " WHERE t.tgrelid = 'item'::regclass AND t.tgname LIKE 'pgc_items_by_shelf_%_ins'"
+    ).fetchone()
+    assert row is not None
+    # the same counter as the release before compiled it: every statement grouped
+    earlier = row[0].replace('IF EXISTS (SELECT FROM "pgc_new" OFFSET 1) THEN', "IF true THEN")
+    assert earlier != row[0]
+    conn.execute(earlier)
+    found = {d.name: d for d in triggers.drift(conn)}
+    assert found["items.by_shelf"].state == "outdated"
+    assert "earlier version" in found["items.by_shelf"].detail
+    assert {d.state for n, d in found.items() if n != "items.by_shelf"} == {"installed"}
+    triggers.install(conn, specs())
+    assert {d.state for d in triggers.drift(conn)} == {"installed"}

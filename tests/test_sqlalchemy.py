@@ -33,7 +33,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_column, relationship
 
-from pgcounters import Counters
+from pgcounters import Counters, triggers
 from pgcounters.contrib.sqlalchemy import (
     counted,
     counter_spec,
@@ -250,6 +250,42 @@ def test_install_counts_the_rows_already_there(engine: Engine) -> None:
         assert install_counters(conn, Base.metadata)
     with engine.connect() as conn:
         assert stored(conn) == exact_values(conn) == truth(conn)
+
+
+def test_triggers_of_an_earlier_version_are_installed_again_without_counting_again(
+    engine: Engine,
+) -> None:
+    """As docs/sqlalchemy.md says after an upgrade: drift reports triggers compiled by an
+    earlier version as outdated, and installing the metadata's counters again replaces
+    them without reading the counted rows again."""
+    with engine.begin() as conn:
+        conn.execute(insert(Article), [{"id": i} for i in range(1, 4)])
+        install_counters(conn, Base.metadata)
+        conn.execute(
+            insert(Comment), [{"article_id": 1 + i % 3, "status": "public"} for i in range(9)]
+        )
+    with engine.begin() as conn:  # one trigger as an earlier version compiled it
+        source = conn.execute(
+            text(
+                "SELECT pg_get_functiondef(t.tgfoid) FROM pg_trigger t"
+                " JOIN pg_proc p ON p.oid = t.tgfoid WHERE t.tgrelid = 'sa_comment'::regclass"
+                "   AND p.prosrc LIKE '%-- pgcounters spec fingerprint=%event=insert%'"
+                " ORDER BY t.tgname LIMIT 1"
+            )
+        ).scalar_one()
+        conn.execute(text(source.replace("RETURN NULL;", "RETURN NULL; -- earlier", 1)))
+    with engine.begin() as conn:
+        driver = conn.connection.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        states = [d.state for d in triggers.drift(driver)]
+        assert states.count("outdated") == 1
+        assert install_counters(conn, Base.metadata) == []  # its definition is unchanged
+        scans = text("SELECT pg_stat_get_xact_numscans('sa_comment'::regclass)")
+        before = conn.execute(scans).scalar()
+        triggers.install(driver, counter_specs(Base.metadata))  # as the docs write it
+        assert conn.execute(scans).scalar() == before  # the comments were not read again
+        assert {d.state for d in triggers.drift(driver)} == {"installed"}
+    check(engine)
 
 
 def test_a_writer_beside_the_install_is_counted_once(engine: Engine, dsn: str) -> None:

@@ -626,34 +626,43 @@ def _row_delta(spec: CounterSpec, negate: bool) -> sql.Composed:
     return sql.SQL("{}({})::bigint").format(sql.SQL("-") if negate else sql.SQL(""), value)
 
 
+def _several_rows(*relations: str) -> sql.Composed:
+    """The test of a statement of several rows: an init plan that stops at the second row
+    of each transition table (a statement trigger is given no count of its rows)."""
+    return sql.SQL(" OR ").join(
+        sql.SQL("EXISTS (SELECT FROM {} OFFSET 1)").format(sql.Identifier(r)) for r in relations
+    )
+
+
 def _one_row_first(
     spec: CounterSpec, event: Event, queue: sql.Composable, grouped: sql.Composed
 ) -> sql.Composed:
-    """A statement of one row queues that row's delta as it is; only a statement of
-    several rows (or one that counts nowhere) runs ``grouped``, which sums them per key.
-    Grouping builds a hash table each statement: most of a counter's cost on a
+    """A statement of one row queues that row's delta as it is (nothing when the row does
+    not count or adds zero); a statement of several rows runs ``grouped``, which sums them
+    per key. Grouping builds a hash table each statement: most of a counter's cost on a
     single-row INSERT."""
-    relation = sql.Identifier(NEW_TABLE if event == "insert" else OLD_TABLE)
+    relation = NEW_TABLE if event == "insert" else OLD_TABLE
     delta = _row_delta(spec, negate=event == "delete")
     where = row_filter(spec)
     if spec.sum is not None:  # a row adding nothing queues nothing (its value read only
         # when the row counts, as the aggregate reads it)
         where = sql.SQL("CASE WHEN {} THEN {} <> 0 ELSE false END").format(where, delta)
     return sql.SQL(
-        "INSERT INTO {queue} (target_id, key, delta)\n"
-        "    SELECT _pgc_target, {key}, {delta} FROM {relation} AS {alias}\n"
-        "     WHERE NOT EXISTS (SELECT FROM {relation} OFFSET 1) AND {where};\n"
-        "    IF NOT FOUND THEN\n"
+        "IF {several} THEN\n"
         "    {grouped}"
+        "    ELSE\n"
+        "    INSERT INTO {queue} (target_id, key, delta)\n"
+        "    SELECT _pgc_target, {key}, {delta} FROM {relation} AS {alias} WHERE {where};\n"
         "    END IF;\n"
     ).format(
+        several=_several_rows(relation),
+        grouped=grouped,
         queue=queue,
         key=_text_key(spec),
         delta=delta,
-        relation=relation,
+        relation=sql.Identifier(relation),
         alias=sql.Identifier(spec.source.name),
         where=where,
-        grouped=grouped,
     )
 
 
@@ -662,8 +671,8 @@ def _one_row_update(
 ) -> sql.Composed:
     """An UPDATE of one row queues the change of that row (its old row's contribution
     taken back, its new row's added, one delta when both have one key, none when they
-    cancel); an UPDATE of several rows runs ``grouped``. Unlike an INSERT's, the test
-    comes first: the UPDATE of a row whose key stays (``save()``) queues nothing."""
+    cancel, as for a ``save()`` that keeps the row's key and value); an UPDATE of several
+    rows runs ``grouped``."""
 
     def side(relation: str, negate: bool) -> sql.Composed:
         return sql.SQL(
@@ -678,7 +687,7 @@ def _one_row_update(
         )
 
     return sql.SQL(
-        "IF EXISTS (SELECT FROM {old} OFFSET 1) OR EXISTS (SELECT FROM {new} OFFSET 1) THEN\n"
+        "IF {several} THEN\n"
         "    {grouped}"
         "    ELSE\n"
         "    INSERT INTO {queue} (target_id, key, delta)\n"
@@ -692,8 +701,7 @@ def _one_row_update(
         "     WHERE c.key IS NOT NULL AND c.delta <> 0;\n"
         "    END IF;\n"
     ).format(
-        old=sql.Identifier(OLD_TABLE),
-        new=sql.Identifier(NEW_TABLE),
+        several=_several_rows(OLD_TABLE, NEW_TABLE),
         grouped=grouped,
         queue=queue,
         before=side(OLD_TABLE, True),

@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 import psycopg
@@ -66,6 +66,8 @@ class InstalledTrigger:
     fingerprint: str
     follower: bool = False
     """On a partition or inheritance child of the counted table (see :func:`follow`)."""
+    source: str = field(default="", repr=False, compare=False)
+    """The body of its function, as installed."""
 
 
 @dataclass(frozen=True)
@@ -465,6 +467,7 @@ def installed(conn: Conn) -> list[InstalledTrigger]:
                     match["event"],
                     match["fingerprint"],
                     bool(follower),
+                    source,
                 )
             )
     return out
@@ -553,8 +556,18 @@ def drift(conn: Conn, specs: Iterable[CounterSpec] | None = None) -> list[Drift]
         )
         off = sorted(t.trigger for t in found if not t.enabled)
         absent = [e for e in events_of(s) if e not in events]
+        earlier = _compiled_earlier(s, found)
         if stale:
             out.append(Drift(s.name, "outdated", f"triggers from another definition: {stale}"))
+        elif earlier:
+            out.append(
+                Drift(
+                    s.name,
+                    "outdated",
+                    f"triggers compiled by an earlier version of pgcounters: {earlier}; "
+                    "install them again",
+                )
+            )
         elif absent:
             out.append(Drift(s.name, "missing", f"no trigger for {', '.join(absent)}"))
         elif off:
@@ -565,6 +578,13 @@ def drift(conn: Conn, specs: Iterable[CounterSpec] | None = None) -> list[Drift]
         tables = sorted({f"{t.schema}.{t.table}" for t in found})
         out.append(Drift(name, "undeclared", f"triggers on {', '.join(tables)}"))
     return out
+
+
+def _compiled_earlier(spec: CounterSpec, found: Sequence[InstalledTrigger]) -> list[str]:
+    """The triggers of ``spec`` whose function does not hold the body this version compiles
+    (installed by an earlier version: they count the same, in an earlier way)."""
+    bodies = {t.event: t.body for t in compile_spec(spec).triggers}
+    return sorted(t.trigger for t in found if t.event in bodies and bodies[t.event] not in t.source)
 
 
 @contextmanager
