@@ -82,8 +82,9 @@ def check_database(
                                 f"counter {drift.name}: triggers {drift.state} ({drift.detail})",
                                 hint="run `manage.py pgcounters recount`"
                                 if drift.state == "stale"
-                                else "run `manage.py migrate` (and `makemigrations` if a "
-                                "declaration changed, or the table did; triggers a migration "
+                                else "run `manage.py migrate` (and `makemigrations` first if a "
+                                "declaration changed, or the table did, or pgcounters was "
+                                "upgraded: it may compile triggers anew; triggers a migration "
                                 "delivered and that were dropped since come back with "
                                 "`manage.py pgtrigger install`, then `migrate` counts the "
                                 "rows again)",
