@@ -8,7 +8,8 @@ keyed by one of three integer columns), written two ways:
 * ``single-row N async``: the same with ``synchronous_commit = off``: a COMMIT does not
   wait for the disk, so the rate shows the CPU each counter costs (on a machine whose
   disk makes every COMMIT slow, the default durability hides it);
-* ``bulk N``: one ``INSERT ... SELECT`` of 100k rows (20k with ``--quick``) and its COMMIT;
+* ``bulk N``: one ``INSERT ... SELECT`` of 100k rows (20k with ``--quick``) and its COMMIT,
+  the fastest of 5 each run;
 * ``bulk N work_mem 64MB`` (N = 0 and 2): the same with ``work_mem`` set to 64 MB for the
   statement, which then holds its transition table in memory (with the default 4 MB,
   PostgreSQL writes the 100k rows to a temporary file that each counter reads back);
@@ -194,17 +195,24 @@ BULK_WORK_MEM = "64MB"
 """The work_mem of the ``bulk N work_mem`` variants: enough for 100k rows' transition table."""
 
 
+BULK_TRIES = 5
+"""Each run of a bulk variant is the fastest of this many inserts (one takes 0.1-0.2 s)."""
+
+
 def _bulk(dsn: str, conn: Conn, width: int, rows: int, work_mem: str | None = None) -> Measurement:
-    _empty(conn, width)
-    with connect(dsn, autocommit=False) as writer:
-        if work_mem is not None:
-            writer.execute("SELECT set_config('work_mem', %s, false)", (work_mem,))
+    fastest, ok = float("inf"), True
+    for _ in range(BULK_TRIES):
+        _empty(conn, width)
+        with connect(dsn, autocommit=False) as writer:
+            if work_mem is not None:
+                writer.execute("SELECT set_config('work_mem', %s, false)", (work_mem,))
+                writer.commit()
+            started = time.perf_counter()
+            writer.execute(_q("width_bulk", f"t{width}"), {"n": rows})
             writer.commit()
-        started = time.perf_counter()
-        writer.execute(_q("width_bulk", f"t{width}"), {"n": rows})
-        writer.commit()
-        seconds = time.perf_counter() - started
-    return Measurement(seconds, rows, exact(conn, width, rows, single_row=False))
+            fastest = min(fastest, time.perf_counter() - started)
+        ok = ok and exact(conn, width, rows, single_row=False)
+    return Measurement(fastest, rows, ok)
 
 
 def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
@@ -213,7 +221,8 @@ def counters_per_table(dsn: str, repeat: int, quick: bool) -> Scenario:
         "counters-per-table",
         f"One table with 0, 1, 2, 5 or 10 declared counters (queued): single-row INSERTs, "
         f"one a transaction, from {CLIENTS} pgbench client processes x {per_client}, and one "
-        f"bulk INSERT ... SELECT of {rows:,} rows; single-row again with synchronous_commit "
+        f"bulk INSERT ... SELECT of {rows:,} rows (each run the fastest of {BULK_TRIES}); "
+        "single-row again with synchronous_commit "
         "off (async: the CPU each counter costs, the disk's wait left out). Targets: "
         "single-row with 1 counter >= 0.85x the rate with none, with 5 >= 0.7x; bulk with "
         "2 counters at most 1.25x the time with none. Beside them, the floor of 1 and 5 "
