@@ -151,6 +151,29 @@ def test_makemigrations_has_nothing_to_add() -> None:
     assert "No changes detected" in out.getvalue()
 
 
+def test_triggers_compiled_by_an_earlier_version_are_a_database_check_error() -> None:
+    from pgcounters.contrib.django.checks import check_database
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT t.tgfoid, pg_get_functiondef(t.tgfoid) FROM pg_trigger AS t"
+            " WHERE t.tgname LIKE %s ORDER BY t.tgname LIMIT 1",
+            ["pgtrigger_pgc_blog_article_public_comments%ins%"],
+        )
+        _, source = cur.fetchone()
+        # the body as an earlier version compiled it (here: one comment more)
+        cur.execute(source.replace("RETURN NULL;", "RETURN NULL; -- earlier", 1))
+    try:
+        errors = check_database(databases=["default"])
+        assert [e.id for e in errors] == ["pgcounters.E003"]
+        assert "compiled by an earlier version" in errors[0].msg
+        assert "pgcounters was upgraded" in str(errors[0].hint)
+    finally:  # the database outlives the test: the body as it was
+        with connection.cursor() as cur:
+            cur.execute(source)
+    assert check_database(databases=["default"]) == []
+
+
 def test_database_checks_pass_when_installed() -> None:
     from pgcounters.contrib.django.checks import check_database, check_declarations
 
