@@ -233,3 +233,34 @@ def test_manage_py_pgcounters_into_a_closed_pipe_stops_quietly(
         print("x" * 100_000, file=gone)  # what is left to print goes nowhere
     finally:
         gone.close()
+
+
+def test_a_migrate_that_replaces_a_disabled_trigger_counts_its_counter_again() -> None:
+    """An upgrade's migration replaces the triggers of an earlier version (here: the blog
+    migrated back before its last trigger migration, then forward): a trigger disabled
+    before it comes back enabled, and the rows written meanwhile are counted."""
+    from pgcounters import verify
+
+    user = User.objects.create(username="w")
+    article = Article.objects.create(title="a")
+    Comment.objects.create(creator=user, article=article, publish_status="public")
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgname LIKE %s",
+            ["pgtrigger_pgc_blog_article_public_comments%ins%"],
+        )
+        (name,) = cur.fetchone()
+        cur.execute(f'ALTER TABLE blog_comment DISABLE TRIGGER "{name}"')
+    Comment.objects.create(creator=user, article=article, publish_status="public")  # uncounted
+    with psycopg_connection() as conn:
+        assert not verify(conn, "blog.article.public_comments").ok
+    try:
+        call_command("migrate", "blog", "0008", verbosity=0)
+        call_command("migrate", "blog", verbosity=0)
+        with psycopg_connection() as conn:
+            assert verify(conn, "blog.article.public_comments").ok
+    finally:  # the database outlives the test: the trigger enabled, as migrated
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_trigger WHERE tgname = %s AND tgenabled = 'D'", [name])
+            if cur.fetchone() is not None:
+                cur.execute(f'ALTER TABLE blog_comment ENABLE TRIGGER "{name}"')

@@ -303,3 +303,28 @@ def test_triggers_compiled_by_an_earlier_version_read_as_outdated(conn: Conn) ->
     assert {d.state for n, d in found.items() if n != "items.by_shelf"} == {"installed"}
     triggers.install(conn, specs())
     assert {d.state for d in triggers.drift(conn)} == {"installed"}
+
+
+def test_installing_again_counts_again_a_counter_whose_trigger_was_disabled(conn: Conn) -> None:
+    from psycopg import sql
+
+    from pgcounters import verify
+
+    _install(conn)
+    conn.execute("INSERT INTO item (shelf, tag) VALUES (1, 'a')")
+    row = conn.execute(
+        "SELECT t.tgname, pg_get_functiondef(t.tgfoid) FROM pg_trigger AS t"
+        " WHERE t.tgrelid = 'item'::regclass AND t.tgname LIKE 'pgc_items_by_shelf_%_ins'"
+    ).fetchone()
+    assert row is not None
+    name, source = row
+    conn.execute(sql.SQL("ALTER TABLE item DISABLE TRIGGER {}").format(sql.Identifier(name)))
+    conn.execute("INSERT INTO item (shelf, tag) VALUES (1, 'a')")  # not counted
+    # compiled by an earlier version too: what drift says first is that it is disabled
+    conn.execute(source.replace("RETURN NULL;", "RETURN NULL; -- earlier", 1))
+    found = {d.name: d for d in triggers.drift(conn)}
+    assert found["items.by_shelf"].state == "disabled"
+    assert not verify(conn, "items.by_shelf").ok
+    triggers.install(conn, specs())
+    assert {d.state for d in triggers.drift(conn)} == {"installed"}
+    assert verify(conn, "items.by_shelf").ok

@@ -641,7 +641,7 @@ class TriggersSection:
             return [f"triggers: {declared} declared counters, all installed"]
         out = [
             f"triggers: {declared} declared counters, {len(self.drifted)} drifted "
-            "(reinstall them, or run `manage.py migrate`)"
+            "(install them again; Django: `manage.py makemigrations`, then `migrate`)"
         ]
         width = max(len(c.counter) for c in self.drifted)
         out += [f"  {c.counter:<{width}}  {c.state:<10}  {c.detail}" for c in self.drifted]

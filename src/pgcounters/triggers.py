@@ -301,7 +301,9 @@ def install(conn: Conn, specs: Iterable[CounterSpec], *, backfill: bool = True) 
             conn.execute(sql.SQL(query("select_call")).format(call=ensure_target_call(spec)))
             conn.execute(compiled.install_sql())
             record(conn, spec)
-            if before.get(spec.name) != spec.fingerprint:
+            # counted again: a counter new or changed, or one whose triggers were disabled
+            # or dropped (the rows written meanwhile went uncounted)
+            if before.get(spec.name) != spec.fingerprint or _missed_writes(spec, present):
                 backfills.request(conn, spec)
                 changed.append(spec.name)
             follow(conn, spec.name)
@@ -309,6 +311,16 @@ def install(conn: Conn, specs: Iterable[CounterSpec], *, backfill: bool = True) 
     if backfill and changed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         backfills.run(conn, changed)
     return [spec.name for spec in chosen]
+
+
+def _missed_writes(spec: CounterSpec, present: Sequence[InstalledTrigger]) -> bool:
+    """Whether the installed triggers of ``spec`` (``present``: every counter trigger) may
+    have let writes go uncounted: one is disabled, or an event has none."""
+    own = [t for t in present if t.spec_name == spec.name and not t.follower]
+    if not own:
+        return False  # never installed: counted from scratch as a new counter
+    events = {t.event for t in own}
+    return any(not t.enabled for t in own) or any(e not in events for e in events_of(spec))
 
 
 def as_compiled(conn: Conn, spec: CounterSpec, recorded: Mapping[str, str]) -> bool:
@@ -559,19 +571,19 @@ def drift(conn: Conn, specs: Iterable[CounterSpec] | None = None) -> list[Drift]
         earlier = _compiled_earlier(s, found)
         if stale:
             out.append(Drift(s.name, "outdated", f"triggers from another definition: {stale}"))
+        elif absent:
+            out.append(Drift(s.name, "missing", f"no trigger for {', '.join(absent)}"))
+        elif off:  # before an earlier version's: writes went uncounted, whatever the version
+            out.append(Drift(s.name, "disabled", f"disabled triggers: {off}"))
         elif earlier:
             out.append(
                 Drift(
                     s.name,
                     "outdated",
                     f"triggers compiled by an earlier version of pgcounters: {earlier}; "
-                    "install them again",
+                    "install them again (Django: makemigrations, then migrate)",
                 )
             )
-        elif absent:
-            out.append(Drift(s.name, "missing", f"no trigger for {', '.join(absent)}"))
-        elif off:
-            out.append(Drift(s.name, "disabled", f"disabled triggers: {off}"))
         else:
             out.append(Drift(s.name, "installed", f"{len(found)} triggers, {s.fingerprint}"))
     for name, found in sorted(by_name.items()):

@@ -62,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind((args.host, args.port))
+        # listening from now on: a request sent once the line below is printed waits in
+        # the backlog until the server accepts it, instead of being refused
+        listener.listen()
     except OSError as exc:
         print(f"newsroom: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

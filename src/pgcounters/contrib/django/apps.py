@@ -38,8 +38,15 @@ class PgCountersConfig(AppConfig):
         checks.install_migrate_check()
 
 
-# per database alias: the counters whose triggers were installed when migrate started
+# per database alias: the counters whose triggers were installed when migrate started,
+# and those with a disabled trigger then
 _live_before: dict[str, set[str]] = {}
+_off_before: dict[str, set[str]] = {}
+
+
+def _disabled(found: Any) -> set[str]:
+    """The counters with a disabled trigger among ``found`` (installed triggers)."""
+    return {t.spec_name for t in found if not t.enabled and not t.follower}
 
 
 def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
@@ -84,11 +91,14 @@ def _record_specs(using: str, verbosity: int = 1, **kwargs: Any) -> None:
         # counters whose triggers are installed: a partial migrate may not have created
         # the others' tables or columns yet (they are registered by a later migrate)
         _install_through_counters(conn, using)
-        live = {t.spec_name for t in installed(conn)}
+        present = installed(conn)
+        live = {t.spec_name for t in present}
         # counters whose triggers this migrate installed (again): their rows are counted
         # by a backfill, even under a definition recorded before (rows written while the
-        # triggers were gone were not counted)
+        # triggers were gone were not counted); likewise those whose disabled triggers it
+        # replaced by enabled ones (a migration that installs triggers anew)
         live_before = _live_before.pop(using, live)
+        live_before -= _off_before.pop(using, set()) - _disabled(present)
         with conn.transaction():
             before = {s.name: s.fingerprint for s in declared(conn)}
             for spec in specs:
@@ -161,7 +171,9 @@ def _before_migrate(using: str, plan: Any = None, apps: Any = None, **kwargs: An
             _uninstall_through(conn, leaving)
         # the counters live before the plan: one whose triggers come back during it (a
         # migration rolled back, then applied again) missed the writes made meanwhile
-        _live_before[using] = {t.spec_name for t in installed(conn)}
+        found = installed(conn)
+        _live_before[using] = {t.spec_name for t in found}
+        _off_before[using] = _disabled(found)
 
 
 def _uninstall_through(conn: Any, leaving: set[tuple[str, str]]) -> None:
