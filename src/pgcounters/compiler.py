@@ -307,15 +307,21 @@ def row_filter(spec: CounterSpec) -> sql.Composable:
     return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
 
 
+def _summed(spec: CounterSpec, value: sql.Composable) -> sql.Composable:
+    """A summed value (a group's ``sum(...)``, or one row's value) as the queues count it:
+    0 for NULL, and for a decimal sum in units of 10^-scale (refused if a value has more
+    places)."""
+    if spec.scale is not None:
+        return sql.SQL("pgcounters.scaled(coalesce({}, 0), {}, {})").format(
+            value, sql.Literal(spec.scale), sql.Literal(spec.name)
+        )
+    return sql.SQL("coalesce({}, 0)").format(value)
+
+
 def _aggregate(spec: CounterSpec) -> sql.Composable:
     if spec.sum is None:
         return sql.SQL("count(*)")
-    if spec.scale is not None:
-        # an exact sum of decimals, in units of 10^-scale (refused if a value has more places)
-        return sql.SQL("pgcounters.scaled(coalesce(sum({}), 0), {}, {})").format(
-            _sum_expr(spec), sql.Literal(spec.scale), sql.Literal(spec.name)
-        )
-    return sql.SQL("coalesce(sum({}), 0)").format(_sum_expr(spec))
+    return _summed(spec, sql.SQL("sum({})").format(_sum_expr(spec)))
 
 
 def column_units(spec: CounterSpec, value: sql.Composable) -> sql.Composable:
@@ -615,14 +621,7 @@ def _apply(
 
 def _row_delta(spec: CounterSpec, negate: bool) -> sql.Composed:
     """What one source row adds: the aggregate of a group of that row alone."""
-    if spec.sum is None:
-        value: sql.Composable = sql.SQL("1")
-    elif spec.scale is not None:
-        value = sql.SQL("pgcounters.scaled(coalesce({}, 0), {}, {})").format(
-            _sum_expr(spec), sql.Literal(spec.scale), sql.Literal(spec.name)
-        )
-    else:
-        value = sql.SQL("coalesce({}, 0)").format(_sum_expr(spec))
+    value = sql.SQL("1") if spec.sum is None else _summed(spec, _sum_expr(spec))
     return sql.SQL("{}({})::bigint").format(sql.SQL("-") if negate else sql.SQL(""), value)
 
 
