@@ -122,7 +122,8 @@ def test_exact_reads_while_draining_are_never_off(dsn: str, pc: Counters) -> Non
 
     def drainer() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            Counters(conn).drain(batch_size=97)
+            # batches of 97 (not one large batch of the backlog): reads between them
+            Counters(conn).drain(batch_size=97, max_batch_size=97)
 
     r = threading.Thread(target=reader)
     r.start()
@@ -190,7 +191,8 @@ def test_several_drainers_never_apply_a_delta_twice(dsn: str, pc: Counters) -> N
     def drainer(batch: int) -> Callable[[], None]:
         def run() -> None:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                applied.append(Counters(conn).drain(batch_size=batch).deltas)
+                drained = Counters(conn).drain(batch_size=batch, max_batch_size=batch)
+                applied.append(drained.deltas)
 
         return run
 
