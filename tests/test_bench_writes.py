@@ -43,6 +43,7 @@ def test_the_counters_per_table_scenario_checks_every_delta(dsn: str) -> None:
     expected |= {f"single-row {n} floor{suffix}" for n in width.FLOORS for suffix in ("", " async")}
     expected |= {f"single-row {width.ONE_TRIGGER} floor one trigger{s}" for s in ("", " async")}
     expected |= {f"bulk {n} work_mem {width.BULK_WORK_MEM}" for n in (0, 2)}
+    expected |= {"bulk 0 transition table", f"bulk {width.BULK_FLOOR} floor"}
     assert set(scenario.runs) == expected
     assert all(m.exact for runs in scenario.runs.values() for m in runs)
     targets = {(c["variant"], c["baseline"]): c["target"] for c in scenario.comparisons}
@@ -50,7 +51,9 @@ def test_the_counters_per_table_scenario_checks_every_delta(dsn: str) -> None:
     assert targets[("single-row 5", "single-row 0")] == 0.7
     assert targets[("bulk 2", "bulk 0")] == 0.8
     assert targets[("bulk 2 work_mem 64MB", "bulk 0 work_mem 64MB")] == 0.8
-    assert ("single-row 5", "single-row 5 floor") in targets
+    assert targets[("single-row 1", "single-row 1 floor")] == 0.85
+    assert targets[("single-row 5", "single-row 5 floor")] == 0.85
+    assert targets[("bulk 2", "bulk 2 floor")] == 0.85
 
 
 def test_a_lost_delta_is_not_exact(conn: Conn) -> None:
@@ -85,6 +88,20 @@ def test_the_floor_counts_each_single_row_statement_once_per_counter(
         conn.execute(insert, (1, 2, 3))
         conn.execute(insert, (4, 5, 6))
         assert width.exact(conn, 5, 2, single_row=True, floor=floor)
+        # each counter queued the rows' own keys (a, b, c, a, b), as a declared counter does
+        keys = conn.execute(
+            "SELECT t.name, array_agg(q.key ORDER BY q.id) FROM pgcounters.queue AS q"
+            " JOIN pgcounters.targets AS t ON t.id = q.target_id"
+            " WHERE t.name = ANY (%s) GROUP BY t.name ORDER BY t.name",
+            (width.names(5, floor=floor),),
+        ).fetchall()
+        assert [k for _, k in keys] == [
+            ["{1}", "{4}"],
+            ["{2}", "{5}"],
+            ["{3}", "{6}"],
+            ["{1}", "{4}"],
+            ["{2}", "{5}"],
+        ]
         assert not width.exact(conn, 5, 3, single_row=True, floor=floor)
         width._empty(conn, 5, floor=floor)
         assert width.exact(conn, 5, 0, single_row=True, floor=floor)
@@ -93,3 +110,36 @@ def test_the_floor_counts_each_single_row_statement_once_per_counter(
     assert not conn.execute(
         "SELECT 1 FROM pgcounters.targets WHERE name LIKE 'bench.width.%'"
     ).fetchall()
+
+
+def test_the_bulk_floor_queues_one_delta_a_key_and_the_rows_alone_queue_nothing(
+    conn: Conn,
+) -> None:
+    from pgcounters.demos.bench import width
+
+    width.prepare(conn)
+    try:
+        before = conn.execute("SELECT count(*) FROM pgcounters.queue").fetchone()
+        conn.execute(
+            "INSERT INTO bench_width.r0 (a, b, c) SELECT g, g, g FROM generate_series(1, 50) g"
+        )
+        assert conn.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == before
+        assert conn.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'bench_width.r0'::regclass"
+        ).fetchall() == [("floor_rows",)]
+        # 100 rows over 10 values of a and 20 of b: one delta a key and counter
+        conn.execute(
+            "INSERT INTO bench_width.g2 (a, b, c)"
+            " SELECT g % 10, g % 20, 0 FROM generate_series(1, 100) g"
+        )
+        assert width.exact(conn, 2, 100, single_row=False, floor="grouped")
+        assert not width.exact(conn, 2, 101, single_row=False, floor="grouped")
+        deltas = conn.execute(
+            "SELECT t.name, count(*), min(q.delta), max(q.delta) FROM pgcounters.queue AS q"
+            " JOIN pgcounters.targets AS t ON t.id = q.target_id"
+            " WHERE t.name = ANY (%s) GROUP BY t.name ORDER BY t.name",
+            (width.names(2, floor="grouped"),),
+        ).fetchall()
+        assert [row[1:] for row in deltas] == [(10, 10, 10), (20, 5, 5)]
+    finally:
+        width.cleanup(conn)
