@@ -166,7 +166,10 @@ def _floor_table(conn: Conn, width: int, floor: Floor) -> None:
 
     def trigger(suffix: str, block: str, targets: list[int], **parts: sql.Composable) -> None:
         function = sql.Identifier(SCHEMA, f"{table}_{suffix}")
-        conn.execute(sql.SQL(blocks[block]).format(function=function, **parts))
+        statement = sql.SQL(blocks[block]).format(**parts)
+        conn.execute(
+            sql.SQL(blocks["floor_function"]).format(function=function, statement=statement)
+        )
         conn.execute(
             sql.SQL(blocks["floor_trigger"]).format(
                 trigger=sql.Identifier(f"floor_{suffix}"),

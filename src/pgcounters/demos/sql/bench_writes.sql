@@ -90,55 +90,42 @@ CREATE TABLE {table} (
 \set c random(1, 100)
 INSERT INTO {table} (a, b, c) VALUES (:a, :b, :c);
 
+-- name: floor_function
+-- A statement trigger's function of the floors below, running {statement}.
+CREATE FUNCTION {function}() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    {statement};
+    RETURN NULL;
+END;
+$$;
+
 -- name: floor_row
 -- The least a queued counter can add to a single-row statement: a statement trigger (with
 -- a transition table, as each counter's) that queues each row's key for its counter, whose
 -- id it is given: no pause check, no lookup of the counter, no grouping (one delta of +1 a
 -- row). The key is the row's own, as a counter's: a constant key would write every queue
 -- row to the same place of the queue's index, which costs less than a real counter can.
-CREATE FUNCTION {function}() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO pgcounters.queue (target_id, key, delta)
-    SELECT TG_ARGV[0]::integer, ARRAY[(n.{column})::bigint::text]::text[], 1 FROM pgc_new AS n;
-    RETURN NULL;
-END;
-$$;
+INSERT INTO pgcounters.queue (target_id, key, delta)
+SELECT TG_ARGV[0]::integer, ARRAY[(n.{column})::bigint::text]::text[], 1 FROM pgc_new AS n;
 
 -- name: floor_rows
 -- The same for several counters served by one trigger: each row's key of each counter
 -- whose id it is given ({rows}: one (id, key) pair a counter), in one INSERT.
-CREATE FUNCTION {function}() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO pgcounters.queue (target_id, key, delta)
-    SELECT v.target_id, v.key, 1 FROM pgc_new AS n, LATERAL (VALUES {rows}) AS v (target_id, key);
-    RETURN NULL;
-END;
-$$;
+INSERT INTO pgcounters.queue (target_id, key, delta)
+SELECT v.target_id, v.key, 1 FROM pgc_new AS n, LATERAL (VALUES {rows}) AS v (target_id, key);
 
 -- name: floor_grouped
 -- The least a queued counter can add to a bulk statement: one pass over the statement's
 -- rows grouped by its counter's key, one delta a key, for the counter whose id it is given.
-CREATE FUNCTION {function}() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO pgcounters.queue (target_id, key, delta)
-    SELECT TG_ARGV[0]::integer, ARRAY[(n.{column})::bigint::text]::text[], count(*)
-      FROM pgc_new AS n GROUP BY n.{column};
-    RETURN NULL;
-END;
-$$;
+INSERT INTO pgcounters.queue (target_id, key, delta)
+SELECT TG_ARGV[0]::integer, ARRAY[(n.{column})::bigint::text]::text[], count(*)
+  FROM pgc_new AS n GROUP BY n.{column};
 
 -- name: rows_only
--- A statement trigger that asks PostgreSQL for the statement's rows (a transition table)
--- and does nothing with them: the copy of the rows that every counter's trigger starts from.
-CREATE FUNCTION {function}() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN NULL;
-END;
-$$;
+-- A trigger that asks PostgreSQL for the statement's rows (a transition table) and does
+-- nothing with them: the copy of the rows that every counter's trigger starts from.
+NULL;
 
 -- name: floor_trigger
 CREATE TRIGGER {trigger} AFTER INSERT ON {table} REFERENCING NEW TABLE AS pgc_new
