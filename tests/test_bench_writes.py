@@ -141,5 +141,15 @@ def test_the_bulk_floor_queues_one_delta_a_key_and_the_rows_alone_queue_nothing(
             (width.names(2, floor="grouped"),),
         ).fetchall()
         assert [row[1:] for row in deltas] == [(10, 10, 10), (20, 5, 5)]
+        keys = conn.execute(
+            "SELECT t.name, array_agg(q.key ORDER BY q.key::text[]::int[])"
+            " FROM pgcounters.queue AS q JOIN pgcounters.targets AS t ON t.id = q.target_id"
+            " WHERE t.name = ANY (%s) GROUP BY t.name ORDER BY t.name",
+            (width.names(2, floor="grouped"),),
+        ).fetchall()
+        assert [k for _, k in keys] == [
+            [f"{{{i}}}" for i in range(10)],  # grouped by a
+            [f"{{{i}}}" for i in range(20)],  # grouped by b
+        ]
     finally:
         width.cleanup(conn)
