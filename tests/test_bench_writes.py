@@ -73,6 +73,17 @@ def test_a_lost_delta_is_not_exact(conn: Conn) -> None:
         width.cleanup(conn)
 
 
+def _queued(conn: Conn, names: list[str]) -> list[tuple[list[str], list[int]]]:
+    """The keys and deltas queued for each counter named, in queue order, by name."""
+    rows = conn.execute(
+        "SELECT t.name, array_agg(q.key ORDER BY q.id), array_agg(q.delta ORDER BY q.id)"
+        " FROM pgcounters.queue AS q JOIN pgcounters.targets AS t ON t.id = q.target_id"
+        " WHERE t.name = ANY (%s) GROUP BY t.name ORDER BY t.name",
+        (names,),
+    ).fetchall()
+    return [(keys, deltas) for _, keys, deltas in rows]
+
+
 @pytest.mark.parametrize("floor", ["each", "one"])
 def test_the_floor_counts_each_single_row_statement_once_per_counter(
     conn: Conn, floor: Literal["each", "one"]
@@ -89,13 +100,7 @@ def test_the_floor_counts_each_single_row_statement_once_per_counter(
         conn.execute(insert, (4, 5, 6))
         assert width.exact(conn, 5, 2, single_row=True, floor=floor)
         # each counter queued the rows' own keys (a, b, c, a, b), as a declared counter does
-        keys = conn.execute(
-            "SELECT t.name, array_agg(q.key ORDER BY q.id) FROM pgcounters.queue AS q"
-            " JOIN pgcounters.targets AS t ON t.id = q.target_id"
-            " WHERE t.name = ANY (%s) GROUP BY t.name ORDER BY t.name",
-            (width.names(5, floor=floor),),
-        ).fetchall()
-        assert [k for _, k in keys] == [
+        assert [keys for keys, _ in _queued(conn, width.names(5, floor=floor))] == [
             ["{1}", "{4}"],
             ["{2}", "{5}"],
             ["{3}", "{6}"],
@@ -134,22 +139,10 @@ def test_the_bulk_floor_queues_one_delta_a_key_and_the_rows_alone_queue_nothing(
         )
         assert width.exact(conn, 2, 100, single_row=False, floor="grouped")
         assert not width.exact(conn, 2, 101, single_row=False, floor="grouped")
-        deltas = conn.execute(
-            "SELECT t.name, count(*), min(q.delta), max(q.delta) FROM pgcounters.queue AS q"
-            " JOIN pgcounters.targets AS t ON t.id = q.target_id"
-            " WHERE t.name = ANY (%s) GROUP BY t.name ORDER BY t.name",
-            (width.names(2, floor="grouped"),),
-        ).fetchall()
-        assert [row[1:] for row in deltas] == [(10, 10, 10), (20, 5, 5)]
-        keys = conn.execute(
-            "SELECT t.name, array_agg(q.key ORDER BY q.key::text[]::int[])"
-            " FROM pgcounters.queue AS q JOIN pgcounters.targets AS t ON t.id = q.target_id"
-            " WHERE t.name = ANY (%s) GROUP BY t.name ORDER BY t.name",
-            (width.names(2, floor="grouped"),),
-        ).fetchall()
-        assert [k for _, k in keys] == [
-            [f"{{{i}}}" for i in range(10)],  # grouped by a
-            [f"{{{i}}}" for i in range(20)],  # grouped by b
-        ]
+        by_a, by_b = _queued(conn, width.names(2, floor="grouped"))
+        assert sorted(by_a[0]) == sorted(f"{{{i}}}" for i in range(10))
+        assert by_a[1] == [10] * 10
+        assert sorted(by_b[0]) == sorted(f"{{{i}}}" for i in range(20))
+        assert by_b[1] == [5] * 20
     finally:
         width.cleanup(conn)
