@@ -625,12 +625,14 @@ def _row_delta(spec: CounterSpec, negate: bool) -> sql.Composed:
     return sql.SQL("{}({})::bigint").format(sql.SQL("-") if negate else sql.SQL(""), value)
 
 
-def _several_rows(*relations: str) -> sql.Composed:
-    """The test of a statement of several rows: an init plan that stops at the second row
-    of each transition table (a statement trigger is given no count of its rows)."""
-    return sql.SQL(" OR ").join(
+def _by_rows(grouped: sql.Composed, one: sql.Composed, *relations: str) -> sql.Composed:
+    """``grouped`` for a statement of several rows, ``one`` for one row or none. The test
+    is an init plan that stops at the second row of each transition table (a statement
+    trigger is given no count of its rows)."""
+    several = sql.SQL(" OR ").join(
         sql.SQL("EXISTS (SELECT FROM {} OFFSET 1)").format(sql.Identifier(r)) for r in relations
     )
+    return sql.SQL("IF {} THEN\n    {}    ELSE\n    {}    END IF;\n").format(several, grouped, one)
 
 
 def _one_row_first(
@@ -646,16 +648,10 @@ def _one_row_first(
     if spec.sum is not None:  # a row adding nothing queues nothing (its value read only
         # when the row counts, as the aggregate reads it)
         where = sql.SQL("CASE WHEN {} THEN {} <> 0 ELSE false END").format(where, delta)
-    return sql.SQL(
-        "IF {several} THEN\n"
-        "    {grouped}"
-        "    ELSE\n"
-        "    INSERT INTO {queue} (target_id, key, delta)\n"
+    one = sql.SQL(
+        "INSERT INTO {queue} (target_id, key, delta)\n"
         "    SELECT _pgc_target, {key}, {delta} FROM {relation} AS {alias} WHERE {where};\n"
-        "    END IF;\n"
     ).format(
-        several=_several_rows(relation),
-        grouped=grouped,
         queue=queue,
         key=_text_key(spec),
         delta=delta,
@@ -663,6 +659,7 @@ def _one_row_first(
         alias=sql.Identifier(spec.source.name),
         where=where,
     )
+    return _by_rows(grouped, one, relation)
 
 
 def _one_row_update(
@@ -685,11 +682,8 @@ def _one_row_update(
             alias=sql.Identifier(spec.source.name),
         )
 
-    return sql.SQL(
-        "IF {several} THEN\n"
-        "    {grouped}"
-        "    ELSE\n"
-        "    INSERT INTO {queue} (target_id, key, delta)\n"
+    one = sql.SQL(
+        "INSERT INTO {queue} (target_id, key, delta)\n"
         "    SELECT _pgc_target, c.key, c.delta\n"
         "      FROM (SELECT) AS one LEFT JOIN ({before}) AS o ON true\n"
         "           LEFT JOIN ({after}) AS n ON true,\n"
@@ -698,14 +692,8 @@ def _one_row_update(
         "                        (n.key, CASE WHEN o.key = n.key THEN 0 ELSE n.delta END))"
         " AS c (key, delta)\n"
         "     WHERE c.key IS NOT NULL AND c.delta <> 0;\n"
-        "    END IF;\n"
-    ).format(
-        several=_several_rows(OLD_TABLE, NEW_TABLE),
-        grouped=grouped,
-        queue=queue,
-        before=side(OLD_TABLE, True),
-        after=side(NEW_TABLE, False),
-    )
+    ).format(queue=queue, before=side(OLD_TABLE, True), after=side(NEW_TABLE, False))
+    return _by_rows(grouped, one, OLD_TABLE, NEW_TABLE)
 
 
 def _statement_keys(spec: CounterSpec, event: Event) -> sql.Composed:
