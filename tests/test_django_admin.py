@@ -207,3 +207,15 @@ def test_the_queue_status_page_shows_what_the_drain_set_aside(admin_client: Clie
     finally:
         with connection.cursor() as cur:
             cur.execute("DELETE FROM pgcounters.quarantine")
+
+
+def test_the_queue_status_page_names_what_holds_the_horizon(admin_client: Client) -> None:
+    from test_horizon import Held
+
+    db = connection.settings_dict
+    holder = Held(f"host={db['HOST']} port={db['PORT']} user={db['USER']} dbname={db['NAME']}")
+    try:
+        html = admin_client.get(STATUS_URL).content.decode()
+    finally:
+        holder.close()
+    assert f"session {holder.pid} (nightly report, idle in transaction, since" in html

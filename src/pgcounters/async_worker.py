@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg
 
-from pgcounters import notifications, schema
+from pgcounters import horizon, notifications, schema
 from pgcounters.client import _CounterPlans, record_retry_plan
 from pgcounters.config import connection_failed, redact
 from pgcounters.errors import (
@@ -325,6 +325,13 @@ class AsyncWorker:
                 if conn.broken or conn.closed:
                     raise
                 self._core._target_ids_failed(exc)
+        if self._core._horizon.due():
+            try:
+                self._core._horizon_seen(await horizon.aholders(conn))
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    raise
+                self._core._horizon_failed(exc)
         self._core._end_round()
         return got, full, busy
 

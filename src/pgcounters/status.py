@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 import psycopg
 from psycopg.rows import tuple_row
 
-from pgcounters import schema
+from pgcounters import horizon, schema
 from pgcounters.config import connect
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
@@ -944,8 +944,81 @@ def collect_direct_changes(conn: Conn) -> DirectChangesSection:
     return DirectChangesSection(int(row[0]), int(row[1]), int(row[2]))
 
 
+# -- what holds back VACUUM ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HorizonSection:
+    """The oldest snapshots of the database and what holds them (a status section): while
+    one is old, the queue and the counters keep the row versions the drain leaves behind."""
+
+    holders: tuple[horizon.HorizonHolder, ...]
+    warning: float = horizon.HORIZON_WARNING
+    """Seconds past which a holder is reported as holding the horizon (a worker's default)."""
+    name: str = "horizon"
+
+    @property
+    def oldest(self) -> horizon.HorizonHolder | None:
+        return self.holders[0] if self.holders else None
+
+    def as_json(self) -> object:
+        oldest = self.oldest
+        return {
+            "xid_age": oldest.xid_age if oldest else 0,
+            "seconds": oldest.seconds if oldest else None,
+            "holders": [
+                {**asdict(h), "since": h.since.isoformat() if h.since else None}
+                for h in self.holders
+            ],
+        }
+
+    def lines(self) -> list[str]:
+        oldest = self.oldest
+        if oldest is None:
+            return ["horizon: no open snapshot (VACUUM can remove what the drain leaves)"]
+        age = "" if oldest.seconds is None else f"{_age(oldest.seconds)}, "
+        held = oldest.seconds is not None and oldest.seconds >= self.warning
+        out = [
+            f"horizon: the oldest snapshot is {age}{oldest.xid_age:,} transactions old"
+            + (" (held: the queue and the counters keep their dead row versions)" if held else "")
+        ]
+        out += [
+            f"  {h.describe()}, {h.xid_age:,} transactions"
+            + ("" if h.seconds is None else f", {_age(h.seconds)}")
+            for h in self.holders
+        ]
+        return out
+
+    def metrics(self) -> list[Metric]:
+        oldest = self.oldest
+        return [
+            Metric(
+                "pgcounters_horizon_xid_age",
+                "Age in transactions of the oldest snapshot that keeps VACUUM from removing "
+                "row versions in this database (0 when none).",
+                "gauge",
+                (((), oldest.xid_age if oldest else 0),),
+            ),
+            Metric(
+                "pgcounters_horizon_seconds",
+                "Seconds since the transaction holding the oldest snapshot started (0 when "
+                "none; absent when the role may not see it).",
+                "gauge",
+                ()
+                if oldest is not None and oldest.seconds is None
+                else (((), oldest.seconds if oldest and oldest.seconds else 0.0),),
+            ),
+        ]
+
+
+def collect_horizon(conn: Conn) -> HorizonSection:
+    """The ``horizon`` section: :func:`pgcounters.horizon.holders`."""
+    return HorizonSection(horizon.holders(conn))
+
+
 _SECTIONS: dict[str, SectionCollector] = {
     "triggers": collect_triggers,
+    "horizon": collect_horizon,
     "reliability": collect_reliability,
     "backfills": collect_backfills,
     "direct_changes": collect_direct_changes,

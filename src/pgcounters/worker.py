@@ -39,7 +39,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg
 
-from pgcounters import backfill, notifications, schema
+from pgcounters import backfill, horizon, notifications, schema
 from pgcounters.client import (
     INT_MAX,
     MAX_BATCH_SIZE,
@@ -127,6 +127,10 @@ class WorkerSettings:
     ``NOTIFY``): a counter of more changed keys is reported without them, as "many keys"
     (None in Python, ``"*"`` in a notification): a cache drops all of that counter. A
     batch's keys beyond it are not decoded, nor serialised."""
+    horizon_warning: float = horizon.HORIZON_WARNING
+    """Log a WARNING when a snapshot has kept VACUUM from removing row versions this long
+    (a ``pg_dump``, a report, a session idle in a transaction), naming what holds it; looked
+    at every 10 seconds (0 = never)."""
     application_name: str = APPLICATION_NAME
 
     def validate(self) -> WorkerSettings:
@@ -152,6 +156,7 @@ class WorkerSettings:
             "log_every",
             "linger",
             "notify_interval",
+            "horizon_warning",
         ):
             positive(name, getattr(self, name), allow_zero=True)
         positive("connect_timeout", self.connect_timeout)
@@ -277,6 +282,7 @@ class Worker:
         self._retention = True
         # when (monotonic) the ids listed for the counters' triggers are refreshed next
         self._target_ids_at = 0.0
+        self._horizon = horizon.HorizonWatch(self.settings.horizon_warning)
         # this worker registered as a reporting one before (a registration after that is
         # one after a lost connection)
         self._registered_before = False
@@ -612,6 +618,13 @@ class Worker:
                 if conn.broken or conn.closed:
                     raise
                 self._target_ids_failed(exc)
+        if self._horizon.due():
+            try:
+                self._horizon_seen(horizon.holders(conn))
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    raise
+                self._horizon_failed(exc)
         if self._notifier.notify:
             self._notifier.flush(conn)  # changes held back by the rate limit, once due
         self._end_round()
@@ -634,6 +647,15 @@ class Worker:
             "refreshing the counters' ids for their triggers failed, retrying in %gs: %s",
             TARGET_IDS_EVERY, str(exc).strip() or exc,
         )  # fmt: skip
+
+    def _horizon_seen(self, found: tuple[horizon.HorizonHolder, ...]) -> None:
+        for level, message in self._horizon.seen(found):
+            logger.log(level, message)
+
+    def _horizon_failed(self, exc: Exception) -> None:
+        """A look at the horizon failed (a statement timeout...): tried again at the next
+        look; the drain goes on."""
+        logger.warning("looking at the oldest snapshot failed: %s", str(exc).strip() or exc)
 
     def _retention_due(self, full: bool) -> bool:
         """Whether this round deletes values of periods no longer kept: once every

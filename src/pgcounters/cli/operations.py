@@ -154,6 +154,7 @@ def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
         notify=args.notify,
         notify_interval=args.notify_interval,
         notify_max_keys=args.notify_max_keys,
+        horizon_warning=args.horizon_warning,
     )
     worker = Worker(dsn, settings, on_change=getattr(args, "on_change", None))
     with GracefulSignals(worker.stop):
@@ -352,6 +353,10 @@ def configure_operations(sub: Any) -> None:
     p.add_argument(
         "--notify-max-keys", type=non_negative_int, default=MAX_KEYS, metavar="N",
         help="report at most N changed keys of a counter; above, the counter as 'many keys'",
+    )  # fmt: skip
+    p.add_argument(
+        "--horizon-warning", type=non_negative_seconds, default=60.0, metavar="S",
+        help="warn when a snapshot keeps VACUUM from removing row versions this long (0: never)",
     )  # fmt: skip
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     p.set_defaults(check=_check_worker)

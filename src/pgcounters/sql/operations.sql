@@ -210,3 +210,41 @@ SELECT pgcounters.replay_quarantined(%(ids)s, %(counter)s);
 -- name: quarantine_discard
 -- delete set-aside deltas
 SELECT pgcounters.discard_quarantined(%(ids)s, %(counter)s);
+
+-- name: horizon_holders
+-- What keeps VACUUM from removing row versions in this database, oldest first: the
+-- snapshots of its sessions and of standbys' feedback, replication slots, prepared
+-- transactions (this session left out). `xid_age` is the age of the oldest transaction the
+-- holder may still see as running; `since` the start of a session's transaction, of a
+-- standby's connection, of a prepared transaction's preparation. A role without
+-- pg_read_all_stats sees other roles' snapshots (`xid_age`) and application names, not
+-- their state nor since when.
+SELECT h.kind, h.pid, h.name, h.state, h.since,
+       extract(epoch FROM clock_timestamp() - h.since)::double precision AS seconds,
+       h.xid_age
+  FROM (
+        SELECT 'session' AS kind, a.pid, a.application_name AS name, a.state,
+               a.xact_start AS since, age(a.backend_xmin) AS xid_age
+          FROM pg_catalog.pg_stat_activity AS a
+         WHERE a.datname = current_database()
+           AND a.backend_xmin IS NOT NULL
+           AND a.pid <> pg_catalog.pg_backend_pid()
+        UNION ALL
+        SELECT 'standby', a.pid, a.application_name, a.state, a.backend_start,
+               age(a.backend_xmin)
+          FROM pg_catalog.pg_stat_activity AS a
+         WHERE a.backend_type = 'walsender' AND a.backend_xmin IS NOT NULL
+        UNION ALL
+        SELECT 'replication slot', s.active_pid, s.slot_name,
+               CASE WHEN s.active THEN 'active' ELSE 'inactive' END, NULL, age(s.xmin)
+          FROM pg_catalog.pg_replication_slots AS s
+         WHERE s.xmin IS NOT NULL
+           AND (s.database IS NULL OR s.database = current_database())
+        UNION ALL
+        SELECT 'prepared transaction', NULL, p.gid, 'prepared', p.prepared,
+               age(p.transaction)
+          FROM pg_catalog.pg_prepared_xacts AS p
+         WHERE p.database = current_database()
+       ) AS h
+ ORDER BY h.xid_age DESC, h.since
+ LIMIT %(limit)s;
