@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pgcounters.demos.bench import ON_REQUEST, SCENARIOS, live, output, pgbench
+from pgcounters.demos.bench import ON_REQUEST, SCENARIOS, horizon, live, output, pgbench
 from pgcounters.demos.bench.report import Measurement, Scenario
 
 needs_pgbench = pytest.mark.skipif(pgbench.find() is None, reason="pgbench not found")
@@ -61,3 +61,35 @@ def test_a_scenario_without_series_gets_a_bar_chart(tmp_path: Path) -> None:
     written = output.write([scenario], {}, tmp_path)
     assert written.charts == [tmp_path / "plain.png"]
     assert "series" not in scenario.as_json()
+
+
+@needs_pgbench
+def test_held_horizon_holds_a_snapshot_in_its_middle_phase_and_is_exact(
+    dsn: str, tmp_path: Path
+) -> None:
+    binary = pgbench.find()
+    assert binary is not None
+    scenario = horizon._run(dsn, binary, 6.0, 6.0, 6.0, 1.0)
+    assert list(scenario.runs) == [
+        "clean", "held", "held, last minute", "after (2 min)", "60-120 s after",
+    ]  # fmt: skip
+    for runs in scenario.runs.values():
+        (run,) = runs
+        assert run.exact
+    # the snapshot is held in the middle phase only (sampled once a second)
+    ages = dict(scenario.series["horizon s"])
+    assert [t for t, age in ages.items() if age > 0.5] != []
+    assert all(6.0 <= t <= 13.0 for t, age in ages.items() if age > 0.5)
+    for table in ("queue", "counters", "parent"):
+        assert all(size > 0 for _, size in scenario.series[f"size MB: {table}"])
+    held = scenario.runs["held"][0]
+    assert held.operations > 0
+    assert held.extra["ms/batch x clean"] > 0
+    for kind in ("get", "get_many(50)", "declared"):
+        assert held.extra[f"{kind} p99 ms"] > 0
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "held-horizon.png"
+    output.series_chart(scenario, path)
+    assert path.read_bytes().startswith(output.PNG_MAGIC)
+    assert SCENARIOS["held-horizon"] is horizon.held_horizon
+    assert "held-horizon" in ON_REQUEST

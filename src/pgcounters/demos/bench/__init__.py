@@ -27,6 +27,7 @@ from pgcounters.demos.bench import (
     columns,
     drain,
     drain_keys,
+    horizon,
     hot,
     live,
     paths,
@@ -95,12 +96,13 @@ SCENARIOS: dict[str, Runner] = {
     "worker-cost": worker_cost.worker_cost,
     "async": asyncapi.async_api,
     "soak": live.soak,
+    "held-horizon": horizon.held_horizon,
     "range-read": ranges.range_read,
 }
 
-ON_REQUEST = frozenset({"sharded", "soak"})
+ON_REQUEST = frozenset({"sharded", "soak", "held-horizon"})
 """Scenarios run only when named: they need software the others do not (PL/Proxy), or
-run for a long time (the soak: 10 minutes)."""
+run for a long time (the soak: 10 minutes; held-horizon: 35)."""
 
 DEFAULT_OUTPUT = "bench-results"
 
