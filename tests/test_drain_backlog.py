@@ -5,6 +5,7 @@ worker and the CLI alike; exact beside writers and a second drainer."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import re
@@ -16,6 +17,7 @@ from psycopg import sql
 
 from pgcounters import AsyncCounters, Counters, cli
 from pgcounters.async_worker import AsyncWorker
+from pgcounters.client import BatchResult
 from pgcounters.connection import Conn
 from pgcounters.worker import Worker, WorkerSettings
 from support import queued, running, wait_for
@@ -76,14 +78,20 @@ def test_the_largest_batch_is_a_setting_and_equal_to_the_batch_size_fixes_it(
 
 
 def _drained_by_a_worker(
-    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture, deltas: int
+    dsn: str,
+    conn: Conn,
+    caplog: pytest.LogCaptureFixture,
+    deltas: int,
+    settings: WorkerSettings | None = None,
 ) -> tuple[Worker, list[int]]:
-    """Run a worker (batches of 100, of up to 2,000 for a backlog) until the queue is empty
-    and ``deltas`` are applied; return it and the deltas each of its batches applied."""
+    """Run a worker (batches of 100, of up to 2,000 for a backlog, not sized by time) until
+    the queue is empty and ``deltas`` are applied; return it and the deltas each of its
+    batches applied."""
     caplog.set_level(logging.DEBUG, logger="pgcounters")
-    settings = WorkerSettings(
-        batch_size=100, max_batch_size=2000, min_interval=0.01, max_interval=0.05, log_every=0
-    )
+    settings = settings or WorkerSettings(
+        batch_size=100, max_batch_size=2000, batch_seconds=0, min_interval=0.01,
+        max_interval=0.05, log_every=0,
+    )  # fmt: skip
     worker = Worker(dsn, settings)
     with running(worker) as errors:
         wait_for(lambda: queued(conn) == 0)
@@ -113,7 +121,7 @@ def test_the_async_worker_and_drain_take_a_backlog_in_one_batch(
     _backlog(conn, pc, 4000, 400, unlogged=True)
 
     async def main() -> tuple[int, int]:
-        settings = WorkerSettings(batch_size=100, min_interval=0.01, log_every=0)
+        settings = WorkerSettings(batch_size=100, batch_seconds=0, min_interval=0.01, log_every=0)
         async with AsyncWorker(dsn, settings) as worker:
             while worker.get_stats().deltas < 8000:
                 await asyncio.sleep(0.01)
@@ -129,6 +137,40 @@ def test_the_async_worker_and_drain_take_a_backlog_in_one_batch(
     assert keys == 900  # three batches of 1,000 deltas, 300 keys each
     assert pc.get_many("v", range(400), exact=False) == [20] * 300 + [10] * 100
     assert pc.get_many("u", range(400), exact=False) == [10] * 400
+
+
+def test_a_worker_sizes_a_backlog_s_batches_by_time(
+    dsn: str, conn: Conn, pc: Counters, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A backlog is taken in batches sized to last about ``batch_seconds`` at the rate of
+    the batch before: the first 4x ``batch_size``, each at most 4x the one before. Without
+    the bound the whole backlog is one batch (the test above)."""
+    _backlog(conn, pc, 60_000, 600)
+    settings = WorkerSettings(
+        batch_size=100, max_batch_size=500_000, batch_seconds=0.01, min_interval=0.01,
+        max_interval=0.05, log_every=0,
+    )  # fmt: skip
+    _, sizes = _drained_by_a_worker(dsn, conn, caplog, 60_000, settings)
+    assert sum(sizes) == 60_000
+    assert sizes[0] == 400
+    assert all(b <= 4 * a for a, b in itertools.pairwise(sizes))
+    assert max(sizes) < 60_000
+    assert pc.get_many("v", range(600), exact=False) == [100] * 600
+
+
+def test_time_sizing_follows_the_rate_of_the_last_large_batch(dsn: str) -> None:
+    worker = Worker(dsn, WorkerSettings(batch_size=1000, max_batch_size=500_000))
+    assert worker._size_for(300_000, False) == 4000  # nothing measured yet
+    worker._note_batch(BatchResult(4000, 400), False, 4000, 0.01)  # 400,000 a second
+    assert worker._size_for(300_000, False) == 16_000  # 4x the last one, not 200,000
+    worker._note_batch(BatchResult(16_000, 400), False, 16_000, 0.4)  # 40,000 a second
+    assert worker._size_for(300_000, False) == 20_000  # half a second of it
+    assert worker._size_for(5_000, False) == 5_000  # what is queued, when less
+    assert worker._size_for(300_000, True) == 4000  # each queue its own rate
+    worker._note_batch(BatchResult(20_000, 400), False, 20_000, 20.0)  # 1,000 a second
+    assert worker._size_for(300_000, False) == 1000  # never below batch_size
+    unbounded = Worker(dsn, WorkerSettings(batch_size=1000, batch_seconds=0))
+    assert unbounded._size_for(300_000, False) == 300_000
 
 
 def test_large_batches_beside_writers_and_a_second_drainer_are_exact(
@@ -260,8 +302,9 @@ def test_a_worker_whose_large_batch_hits_its_statement_timeout_halves_it_at_once
     _backlog(conn, pc, 5000, 500)
     _slow_large_batches(conn)
     settings = WorkerSettings(
-        batch_size=100, statement_timeout=0.3, min_interval=0.01, max_interval=30, log_every=0
-    )
+        batch_size=100, batch_seconds=0, statement_timeout=0.3, min_interval=0.01,
+        max_interval=30, log_every=0,
+    )  # fmt: skip
     worker = Worker(dsn, settings)
     with running(worker) as errors:
         wait_for(lambda: queued(conn) == 0, timeout=25)

@@ -137,6 +137,7 @@ def test_a_batch_over_statement_timeout_is_retried_smaller(
         ("statement_timeout", -1),
         ("reconnect_min", 0),
         ("linger", -0.01),
+        ("batch_seconds", -1),
     ],
 )
 def test_bad_settings_are_refused(dsn: str, field: str, value: object) -> None:

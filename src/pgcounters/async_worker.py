@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from types import TracebackType
 from typing import Any
 
@@ -294,13 +295,16 @@ class AsyncWorker:
             if not spans[unlogged]:
                 continue
             size = self._core._size_for(int(spans[unlogged]), unlogged)
+            started = time.monotonic()
             batch = await run_async(
                 self._plans._drain_queue_batch(
                     size, unlogged, one_statement=True, careful_limit=self._core._batch_size
                 ),
                 conn,
             )
-            batch_got, batch_full, batch_busy = self._core._note_batch(batch, unlogged, size)
+            batch_got, batch_full, batch_busy = self._core._note_batch(
+                batch, unlogged, size, time.monotonic() - started
+            )
             got += batch_got
             full = full or batch_full
             busy = busy or batch_busy

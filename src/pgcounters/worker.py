@@ -94,6 +94,11 @@ class WorkerSettings:
     faster over many keys), in a longer transaction that holds the rows it changes (the
     parent rows of counter columns too) until it commits. ``batch_size`` or less: every
     batch is of ``batch_size``."""
+    batch_seconds: float = 0.5
+    """How long a batch larger than ``batch_size`` is sized to take, from the rate of the
+    batches before it: a backlog is taken in batches of about this long (the rows a batch
+    changes stay locked until it commits, and a stopping worker waits for its batch),
+    growing at most 4x from one batch to the next. 0: no bound but ``max_batch_size``."""
     min_interval: float = 0.05
     """Wait after a round that found some deltas; the first wait when idle."""
     max_interval: float = 2.0
@@ -157,6 +162,7 @@ class WorkerSettings:
             "linger",
             "notify_interval",
             "horizon_warning",
+            "batch_seconds",
         ):
             positive(name, getattr(self, name), allow_zero=True)
         positive("connect_timeout", self.connect_timeout)
@@ -209,6 +215,9 @@ RETENTION_LIMIT = 10_000
 TARGET_IDS_EVERY = 10.0
 """Seconds between two refreshes of the ids listed for the counters' triggers (a counter
 created by its first write is listed at the next one)."""
+GROWTH = 4
+"""A batch sized by time is at most this many times the one before it (and the first one
+over a backlog this many times ``batch_size``)."""
 STOP_TAKES = 100
 """A stopping worker reports the direct-mode changes committed so far in at most this many
 takes of a batch each."""
@@ -262,6 +271,9 @@ class Worker:
         # the most deltas of a batch of a queue holding more (halved by a statement timeout)
         self._batch_cap = max(self.settings.batch_size, self.settings.max_batch_size)
         self._last_size = self._batch_size
+        # per queue: deltas a second of the last batch larger than batch_size, and its size
+        self._rate: list[float | None] = [None, None]
+        self._sized = [self._batch_size, self._batch_size]
         # batches of batch_size still to take from each queue after a large one was refused
         self._small = [0, 0]
         self._halved = False  # the last failed round halved the largest batch
@@ -548,6 +560,7 @@ class Worker:
             if not spans[unlogged]:
                 continue
             size = self._size_for(int(spans[unlogged]), unlogged)
+            started = time.monotonic()
             batch = pc._run(
                 pc._drain_queue_batch(
                     size,
@@ -560,7 +573,9 @@ class Worker:
             )
             if batch.changes:
                 self._notifier.committed(conn, batch.changes)
-            batch_got, batch_full, batch_busy = self._note_batch(batch, unlogged, size)
+            batch_got, batch_full, batch_busy = self._note_batch(
+                batch, unlogged, size, time.monotonic() - started
+            )
             got += batch_got
             full = full or batch_full
             busy = busy or batch_busy
@@ -693,13 +708,37 @@ class Worker:
             self._small[unlogged] -= 1
             self._last_size = self._batch_size
         else:
-            self._last_size = batch_for(queued, self._batch_size, self._batch_cap)
+            self._last_size = batch_for(queued, self._batch_size, self._time_cap(unlogged))
         return self._last_size
 
-    def _note_batch(self, batch: BatchResult, unlogged: bool, size: int) -> tuple[int, bool, bool]:
-        """Count and log one drain batch of at most ``size`` deltas: (deltas it settled,
-        whether it was full, whether it left deltas busy)."""
+    def _time_cap(self, unlogged: bool) -> int:
+        """The most deltas of the next batch of a queue: ``max_batch_size``, bounded by what
+        ``batch_seconds`` allows at the rate of the last large batch, and by ``GROWTH``
+        times the size of that batch (a first large batch: ``GROWTH`` times ``batch_size``)."""
+        seconds = self.settings.batch_seconds
+        if not seconds:
+            return self._batch_cap
+        cap = GROWTH * self._sized[unlogged]
+        rate = self._rate[unlogged]
+        if rate is not None:
+            cap = min(cap, int(rate * seconds))
+        return max(self._batch_size, min(self._batch_cap, cap))
+
+    def _timed_batch(self, unlogged: bool, size: int, deltas: int, seconds: float) -> None:
+        """Note how long a batch of ``deltas`` took (of at most ``size``): the rate of the
+        batches larger than ``batch_size`` sizes the next ones."""
+        if size <= self._batch_size or deltas <= self._batch_size or seconds <= 0:
+            return
+        self._rate[unlogged] = deltas / seconds
+        self._sized[unlogged] = deltas
+
+    def _note_batch(
+        self, batch: BatchResult, unlogged: bool, size: int, seconds: float
+    ) -> tuple[int, bool, bool]:
+        """Count and log one drain batch of at most ``size`` deltas that took ``seconds``:
+        (deltas it settled, whether it was full, whether it left deltas busy)."""
         deltas = batch.deltas + batch.quarantined
+        self._timed_batch(unlogged, size, deltas + batch.busy, seconds)
         if batch.refused:
             # a large batch held a delta that cannot be applied: the part of the queue it
             # covered in batches of batch_size (this result is the first of them)

@@ -143,6 +143,7 @@ def _cmd_worker(args: argparse.Namespace, dsn: str) -> int:
     settings = WorkerSettings(
         batch_size=args.batch_size,
         max_batch_size=args.max_batch_size,
+        batch_seconds=args.batch_seconds,
         min_interval=args.min_interval,
         max_interval=args.max_interval,
         linger=args.linger,
@@ -321,6 +322,11 @@ def configure_operations(sub: Any) -> None:
         "--max-batch-size", type=batch_size, default=MAX_BATCH_SIZE, metavar="N",
         help="a queue holding more than a batch is applied in one batch of up to N deltas "
         "(default 500000)",
+    )  # fmt: skip
+    p.add_argument(
+        "--batch-seconds", type=non_negative_seconds, default=0.5, metavar="S",
+        help="a batch larger than --batch-size is sized to take about S seconds (0: no bound "
+        "but --max-batch-size)",
     )  # fmt: skip
     p.add_argument("--min-interval", type=positive_seconds, default=0.05, metavar="S",
                    help="first wait when idle")  # fmt: skip

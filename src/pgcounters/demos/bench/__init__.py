@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pgcounters.demos.bench import (
     asyncapi,
+    backlog,
     blog,
     changes,
     columns,
@@ -78,6 +79,7 @@ SCENARIOS: dict[str, Runner] = {
     "drain": drain.drain,
     "drain-lag": drain.drain_lag,
     "drain-busy": drain.drain_busy,
+    "backlog-wait": backlog.backlog_wait,
     "drain-keys": drain_keys.drain_keys,
     "top-named": drain_keys.top_named,
     "drain-changes": changes.drain_changes,
