@@ -63,24 +63,19 @@ def _cmd_bench(args: argparse.Namespace, dsn: str) -> int:
     )
 
 
-class _Terminated(BaseException):
-    """SIGTERM reached the server command: stop, and exit 0."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise _Terminated
-
-
-def _listen_to_stop_signals() -> dict[int, Any]:
-    """SIGINT raises KeyboardInterrupt and SIGTERM :class:`_Terminated`; the handlers they
-    had. A shell starts a background job with SIGINT ignored, and a Python started so keeps
-    it ignored: the handler is set here whatever it was. Nothing outside the main thread."""
+def _listen_to_stop_signals(received: list[int]) -> dict[int, Any]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, the signal appended to ``received``; the
+    handlers they had. A shell starts a background job with SIGINT ignored, and a Python
+    started so keeps it ignored: the handler is set here whatever it was. Nothing outside
+    the main thread."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-        signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),
-    }
+
+    def stop(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 def _ignore_stop_signals() -> None:
@@ -137,11 +132,12 @@ def _cmd_server(args: argparse.Namespace, dsn: str) -> int:
     from pgcounters.config import data_dir, dsn_from_env
     from pgcounters.embedded import EmbeddedPostgres
 
-    previous = _listen_to_stop_signals()
+    received: list[int] = []
+    previous = _listen_to_stop_signals(received)
     dsn_file = None if args.dsn_file is None else Path(args.dsn_file).absolute()
     try:
         if dsn_file is not None:
-            dsn_file.unlink(missing_ok=True)  # a stale DSN is never read as this server's
+            dsn_file.unlink(missing_ok=True)  # the DSN of a server killed before it removed it
         external = args.dsn or dsn_from_env()
         if external:
             _serve(external, dsn_file)
@@ -156,7 +152,9 @@ def _cmd_server(args: argparse.Namespace, dsn: str) -> int:
                     # also when a signal came while it started (before it was known as ours)
                     _ignore_stop_signals()
                     server.stop()
-    except _Terminated:
+    except KeyboardInterrupt:
+        if received[:1] != [signal.SIGTERM]:
+            raise  # Ctrl-C, SIGINT: an interruption (exit 130)
         print("stopped", flush=True)
         return EXIT_OK
     finally:
