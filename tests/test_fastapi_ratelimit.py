@@ -410,15 +410,20 @@ def test_over_http_a_client_tells_the_middlewares_429_from_an_endpoints_own(
     async def search() -> str:
         return "found"
 
+    # outside the middleware's paths: a dependency's endpoint refusing by itself
+    @app.get("/own", dependencies=[Depends(RateLimit("10/minute", key="ip", quota="own"))])
+    async def refuses_by_itself() -> str:
+        raise HTTPException(status_code=429, detail="own")
+
     async def main() -> list[httpx.Response]:
         async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
             return [
                 await client.get(path)
                 for path in ("/api/items", "/api/busy", "/api/raised", "/api/search",
-                             "/api/items", "/api/busy")
+                             "/api/items", "/api/busy", "/own")
             ]  # fmt: skip
 
-    item, busy_429, raised_429, searched, refused, refused_busy = asyncio.run(main())
+    item, busy_429, raised_429, searched, refused, refused_busy, own = asyncio.run(main())
     assert [r.status_code for r in (item, busy_429, raised_429, searched, refused)] == [
         200, 429, 429, 200, 429,
     ]  # fmt: skip
@@ -449,5 +454,9 @@ def test_over_http_a_client_tells_the_middlewares_429_from_an_endpoints_own(
     }
     # past the limit the endpoint is not reached: the middleware answers
     assert (refused_busy.status_code, refused_busy.text) == (429, "Too Many Requests\n")
+    # the dependency's headers go with what it allowed, not on the endpoint's own 429
+    assert (own.status_code, own.json()) == (429, {"detail": "own"})
+    assert rate_limit_headers_of(own) == {}
     status = Quotas(conn).status("api.daily", "ip:127.0.0.1", at=T0)
     assert (status.used, status.attempts, status.rejected) == (4, 6, 2)
+    assert Quotas(conn).status("own", "ip:127.0.0.1", at=T0).used == 1

@@ -116,9 +116,9 @@ def _serve(dsn: str, dsn_file: Path | None) -> None:
 
     with connect(dsn) as conn:
         conn.execute("SELECT 1")
-    if dsn_file is not None:
-        _write_dsn_file(dsn_file, dsn)
     try:
+        if dsn_file is not None:
+            _write_dsn_file(dsn_file, dsn)
         print(f"PGCOUNTERS_DSN='{dsn}'")
         print("serving; Ctrl-C (SIGINT) or SIGTERM stops it", flush=True)
         while True:
