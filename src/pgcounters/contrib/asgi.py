@@ -4,9 +4,10 @@ A plain ASGI middleware: each HTTP request registers one call of a subject (the
 client address, a header, the authenticated user, or what a callable returns)
 against a quota, through an :class:`pgcounters.AsyncQuotas`. A refused call is
 answered ``429 Too Many Requests`` with ``Retry-After`` and the rate-limit headers;
-allowed responses carry the rate-limit headers too, but for a 429 of the application's
-own, passed on untouched so that a client can tell which refused it: the semantics of the
-Django decorator (``pgcounters.contrib.django.ratelimit``), whose header code it shares.
+the application's responses carry the rate-limit headers too, but for a 429 of its own,
+passed on untouched so that a client can tell which refused it. Subjects and headers are
+the Django decorator's (``pgcounters.contrib.django.ratelimit``), whose header code it
+shares.
 
     pool = AsyncConnectionPool(dsn, open=False)
     app.add_middleware(
