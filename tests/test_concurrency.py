@@ -9,8 +9,10 @@ from collections import Counter as Tally
 from collections.abc import Callable
 
 import psycopg
+import pytest
 
 from pgcounters import Counters
+from pgcounters.client import Mode
 from pgcounters.connection import Conn
 
 WRITERS = 8
@@ -245,3 +247,37 @@ def test_update_in_opposite_orders_does_deadlock(dsn: str, conn: Conn) -> None:
 
     errors = _threads([txn(("a", "b")), txn(("b", "a"))])
     assert any(isinstance(e, psycopg.errors.DeadlockDetected) for e in errors)
+
+
+@pytest.mark.parametrize("mode", ["queued", "unlogged", "direct"])
+def test_the_modes_that_never_deadlock_are_the_ones_the_readme_names(
+    dsn: str, pc: Counters, mode: Mode
+) -> None:
+    """The README's first screen: queued and unlogged increments lock no counter row, so
+    two transactions incrementing two counters in opposite orders both commit; direct ones
+    update the row in place and, under the same schedule, deadlock (PostgreSQL aborts one,
+    the other commits)."""
+    pc.create_counter("a", mode=mode)
+    pc.create_counter("b", mode=mode)
+    barrier = threading.Barrier(2)
+    rounds = 1 if mode == "direct" else 10
+
+    def txn(order: tuple[str, str]) -> Callable[[], None]:
+        def run() -> None:
+            with psycopg.connect(dsn) as conn:
+                c = Counters(conn)
+                for _ in range(rounds):
+                    c.incr(order[0])
+                    barrier.wait(timeout=10)  # both hold their first increment
+                    c.incr(order[1])
+                    conn.commit()
+
+        return run
+
+    errors = _threads([txn(("a", "b")), txn(("b", "a"))])
+    if mode == "direct":
+        assert [type(e) for e in errors] == [psycopg.errors.DeadlockDetected]
+        assert (pc.get("a"), pc.get("b")) == (1, 1)  # the survivor's two increments
+    else:
+        assert errors == []
+        assert (pc.get("a"), pc.get("b")) == (20, 20)

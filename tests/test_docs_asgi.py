@@ -17,7 +17,7 @@ def test_the_asgi_page_program_runs_and_prints_what_it_promises(
     page, program = first_program("asgi.md")
     assert program.count('"dbname=app"') == 1
     expected = promised(program)
-    assert len(expected) == 4
+    assert len(expected) == 5
     code = compile(program.replace('"dbname=app"', repr(dsn)), str(page), "exec")
     exec(code, {"__name__": "__main__"})
     assert printed(capsys) == expected

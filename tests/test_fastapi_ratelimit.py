@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import gc
+import socket
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
@@ -13,7 +14,9 @@ from typing import Annotated
 import httpx
 import psycopg
 import pytest
-from fastapi import Depends, FastAPI
+import uvicorn
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.authentication import (
@@ -31,6 +34,7 @@ from starlette.routing import Route
 import pgcounters.contrib.starlette as starlette_contrib
 from pgcounters import AsyncQuotas, Quotas, install
 from pgcounters.connection import Conn
+from pgcounters.contrib.asgi import RateLimitMiddleware
 from pgcounters.contrib.starlette import RateLimit, quota_name
 from pgcounters.errors import ConfigurationError, InvalidBucketWidth, InvalidQuotaDefinition
 from pgcounters.quotas import CallResult
@@ -327,3 +331,132 @@ def test_a_dependency_with_a_bucket_width(dsn: str, conn: Conn) -> None:
         RateLimit("3/day by 1s", sliding=True)
     with pytest.raises(InvalidBucketWidth, match="only a sliding window"):
         RateLimit("3/day by 1h")
+
+
+@contextlib.asynccontextmanager
+async def serving(app: FastAPI) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free port of 127.0.0.1, its lifespan included."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                pytest.fail("uvicorn stopped before it started")
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        listener.close()
+
+
+RATE_LIMIT_HEADERS = {
+    f"{prefix}ratelimit-{field}"
+    for prefix in ("", "x-")
+    for field in ("limit", "remaining", "reset")
+}
+
+
+def rate_limit_headers_of(response: httpx.Response) -> dict[str, list[str]]:
+    """The rate-limit headers of a response, each with every value it was sent with."""
+    return {
+        name: response.headers.get_list(name)
+        for name in sorted(RATE_LIMIT_HEADERS)
+        if name in response.headers
+    }
+
+
+def test_over_http_a_client_tells_the_middlewares_429_from_an_endpoints_own(
+    dsn: str, conn: Conn
+) -> None:
+    """Served by uvicorn: the middleware's 429 carries ``Retry-After`` and its
+    ``RateLimit-*``; an endpoint's own 429 comes as the endpoint sent it, without them; an
+    endpoint's other responses get them added, unless they carry rate-limit headers of
+    their own (a dependency's), which stay alone."""
+
+    pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False)
+    quotas = AsyncQuotas(pool, clock=lambda: T0)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with pool:
+            app.state.quotas = quotas
+            yield
+
+    app = FastAPI(lifespan=lifespan)
+    app.add_middleware(
+        RateLimitMiddleware, quotas=quotas, quota="api.daily", rate="4/day", key="ip",
+        paths=["/api/"],
+    )  # fmt: skip
+
+    @app.get("/api/items")
+    async def items() -> list[str]:
+        return ["a"]
+
+    @app.get("/api/busy")
+    async def busy() -> JSONResponse:
+        # the endpoint's own refusal (a queue of its own is full, say)
+        return JSONResponse({"detail": "busy"}, status_code=429, headers={"Retry-After": "7"})
+
+    @app.get("/api/raised")
+    async def raised() -> str:
+        raise HTTPException(status_code=429, detail="raised")
+
+    @app.get("/api/search", dependencies=[Depends(RateLimit("10/minute", key="ip"))])
+    async def search() -> str:
+        return "found"
+
+    # outside the middleware's paths: a dependency's endpoint refusing by itself
+    @app.get("/own", dependencies=[Depends(RateLimit("10/minute", key="ip", quota="own"))])
+    async def refuses_by_itself() -> str:
+        raise HTTPException(status_code=429, detail="own")
+
+    async def main() -> list[httpx.Response]:
+        async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
+            return [
+                await client.get(path)
+                for path in ("/api/items", "/api/busy", "/api/raised", "/api/search",
+                             "/api/items", "/api/busy", "/own")
+            ]  # fmt: skip
+
+    item, busy_429, raised_429, searched, refused, refused_busy, own = asyncio.run(main())
+    assert [r.status_code for r in (item, busy_429, raised_429, searched, refused)] == [
+        200, 429, 429, 200, 429,
+    ]  # fmt: skip
+    # an allowed response: the middleware's headers (1 of 4 used)
+    assert rate_limit_headers_of(item) == {
+        "ratelimit-limit": ["4"],
+        "ratelimit-remaining": ["3"],
+        "ratelimit-reset": ["43200"],  # noon: half a day left
+    }
+    # the endpoint's own 429s: as the endpoint sent them, no header of the middleware's
+    assert busy_429.json() == {"detail": "busy"}
+    assert busy_429.headers.get_list("retry-after") == ["7"]
+    assert rate_limit_headers_of(busy_429) == {}
+    assert (raised_429.json(), "retry-after" in raised_429.headers) == ({"detail": "raised"}, False)
+    assert rate_limit_headers_of(raised_429) == {}
+    # a dependency's headers stay alone: one limit's set, never two values of a header
+    assert rate_limit_headers_of(searched) == {
+        "ratelimit-limit": ["10"],
+        "ratelimit-remaining": ["9"],
+        "ratelimit-reset": ["60"],
+    }
+    # the middleware's own 429 (the 5th call of the day): its body, Retry-After, headers
+    assert (refused.text, refused.headers["retry-after"]) == ("Too Many Requests\n", "43200")
+    assert rate_limit_headers_of(refused) == {
+        "ratelimit-limit": ["4"],
+        "ratelimit-remaining": ["0"],
+        "ratelimit-reset": ["43200"],
+    }
+    # past the limit the endpoint is not reached: the middleware answers
+    assert (refused_busy.status_code, refused_busy.text) == (429, "Too Many Requests\n")
+    # the dependency's headers go with what it allowed, not on the endpoint's own 429
+    assert (own.status_code, own.json()) == (429, {"detail": "own"})
+    assert rate_limit_headers_of(own) == {}
+    status = Quotas(conn).status("api.daily", "ip:127.0.0.1", at=T0)
+    assert (status.used, status.attempts, status.rejected) == (4, 6, 2)
+    assert Quotas(conn).status("own", "ip:127.0.0.1", at=T0).used == 1

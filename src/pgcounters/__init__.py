@@ -1,4 +1,4 @@
-"""pgcounters: exact, fast, deadlock-free counters for PostgreSQL.
+"""pgcounters: exact, fast counters for PostgreSQL; increments lock no counter row by default.
 
 Everything an application uses is imported from here (and, for Django, from
 ``pgcounters.contrib.django``); the other modules of the package are internal.

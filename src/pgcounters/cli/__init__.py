@@ -65,7 +65,8 @@ def build_parser(prog: str = "pgcounters") -> argparse.ArgumentParser:
     """The argument parser of every pgcounters command (also used by the Django command)."""
     parser = Parser(
         prog=prog,
-        description="Exact, fast, deadlock-free counters for PostgreSQL.",
+        description="Exact, fast counters for PostgreSQL; increments lock no counter row "
+        "(queued and unlogged modes).",
         epilog="With no --dsn, PGCOUNTERS_DSN or DATABASE_URL, an embedded PostgreSQL is "
         "started with its data in ./pgcounters-data (or PGCOUNTERS_DATA_DIR).",
     )

@@ -7,10 +7,15 @@ argument type and help), so that no other command loads them.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
-from pgcounters.cli.common import verbs
+from pgcounters.cli.common import EXIT_OK, verbs
 from pgcounters.cli.types import positive_int
 
 
@@ -58,11 +63,112 @@ def _cmd_bench(args: argparse.Namespace, dsn: str) -> int:
     )
 
 
+def _listen_to_stop_signals(received: list[int]) -> dict[int, Any]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, the signal appended to ``received``; the
+    handlers they had. A shell starts a background job with SIGINT ignored, and a Python
+    started so keeps it ignored: the handler is set here whatever it was. Nothing outside
+    the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _ignore_stop_signals() -> None:
+    """While the server stops: a second signal must not leave it half stopped (``pg_ctl
+    stop`` is bounded by its own timeout)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _write_dsn_file(path: Path, dsn: str) -> None:
+    """``dsn`` and a newline in ``path``, at once: a reader finds no file or the whole DSN."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(dsn + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+
+
+def _remove_dsn_file(path: Path, dsn: str) -> None:
+    """Remove ``path`` if it still holds ``dsn`` (not a file another server wrote since)."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == dsn + "\n":
+            path.unlink()
+
+
+def _serve(dsn: str, dsn_file: Path | None) -> None:
+    """Check that ``dsn`` accepts connections, say it (stdout, the DSN file), then wait for
+    a signal."""
+    from pgcounters.config import connect
+
+    with connect(dsn) as conn:
+        conn.execute("SELECT 1")
+    try:
+        if dsn_file is not None:
+            _write_dsn_file(dsn_file, dsn)
+        print(f"PGCOUNTERS_DSN='{dsn}'")
+        print("serving; Ctrl-C (SIGINT) or SIGTERM stops it", flush=True)
+        while True:
+            time.sleep(3600)
+    finally:
+        if dsn_file is not None:
+            _remove_dsn_file(dsn_file, dsn)
+
+
 def _cmd_server(args: argparse.Namespace, dsn: str) -> int:
-    print(f"PGCOUNTERS_DSN='{dsn}'")
-    print("serving; press Ctrl-C to stop", flush=True)
-    while True:
-        time.sleep(3600)
+    from pgcounters.config import data_dir, dsn_from_env
+    from pgcounters.embedded import EmbeddedPostgres
+
+    received: list[int] = []
+    previous = _listen_to_stop_signals(received)
+    dsn_file = None if args.dsn_file is None else Path(args.dsn_file).absolute()
+    try:
+        if dsn_file is not None:
+            dsn_file.unlink(missing_ok=True)  # the DSN of a server killed before it removed it
+        external = args.dsn or dsn_from_env()
+        if external:
+            _serve(external, dsn_file)
+        else:
+            server = EmbeddedPostgres(data_dir(args.data_dir))
+            adopted = server.is_running()  # another's to stop
+            try:
+                server.start()
+                _serve(server.dsn(), dsn_file)
+            finally:
+                if not adopted:
+                    # also when a signal came while it started (before it was known as ours)
+                    _ignore_stop_signals()
+                    server.stop()
+    except KeyboardInterrupt:
+        if received[:1] != [signal.SIGTERM]:
+            raise  # Ctrl-C, SIGINT: an interruption (exit 130)
+        print("stopped", flush=True)
+        return EXIT_OK
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return EXIT_OK  # not reached: serving ends by a signal
+
+
+def _check_server(args: argparse.Namespace) -> str | None:
+    if args.dsn_file is not None:
+        folder = Path(args.dsn_file).absolute().parent
+        if not folder.is_dir():
+            return f"--dsn-file {args.dsn_file}: no folder {folder}"
+    return None
 
 
 def configure_demos(sub: Any) -> None:
@@ -90,4 +196,16 @@ def configure_demos(sub: Any) -> None:
     )
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown report to FILE")
 
-    add("server", _cmd_server, "run the embedded PostgreSQL until Ctrl-C and print its DSN")
+    p = add(
+        "server",
+        _cmd_server,
+        "run the embedded PostgreSQL until Ctrl-C or SIGTERM and print its DSN",
+    )
+    p.add_argument(
+        "--dsn-file",
+        metavar="PATH",
+        help="also write the DSN to PATH (atomically, once the server accepts connections; "
+        "removed when it stops)",
+    )
+    # the verb opens its database itself: its signals must be its own before the server starts
+    p.set_defaults(no_database=True, check=_check_server)

@@ -4,8 +4,10 @@ A plain ASGI middleware: each HTTP request registers one call of a subject (the
 client address, a header, the authenticated user, or what a callable returns)
 against a quota, through an :class:`pgcounters.AsyncQuotas`. A refused call is
 answered ``429 Too Many Requests`` with ``Retry-After`` and the rate-limit headers;
-allowed responses carry the rate-limit headers too: the semantics of the Django
-decorator (``pgcounters.contrib.django.ratelimit``), whose header code it shares.
+the application's responses carry the rate-limit headers too, but for a 429 of its own,
+passed on untouched so that a client can tell which refused it. Subjects and headers are
+the Django decorator's (``pgcounters.contrib.django.ratelimit``), whose header code it
+shares.
 
     pool = AsyncConnectionPool(dsn, open=False)
     app.add_middleware(
@@ -112,6 +114,27 @@ def subject_for(scope: Scope, key: Key, ip_header: str | None = None) -> str | N
     return f"ip:{ip}" if ip else None
 
 
+_RATE_LIMIT_HEADERS = frozenset(
+    f"{prefix}ratelimit-{field}".encode()
+    for prefix in ("", "x-")
+    for field in ("limit", "remaining", "reset")
+)
+"""Every header of :func:`pgcounters.ratelimit.rate_limit_headers`, in lower case."""
+
+
+def _with_headers(start: Message, extra: list[tuple[bytes, bytes]]) -> Message:
+    """The application's ``http.response.start`` with the middleware's headers added, but
+    for two cases, passed on as the application sent them: a 429 of the application's own
+    (its refusal, not this limit's: a client must tell them apart), and a response that
+    carries rate-limit headers of its own (a dependency's: one limit's set, never two)."""
+    if start.get("status") == 429:
+        return start
+    headers = list(start.get("headers", ()))
+    if any(bytes(name).lower() in _RATE_LIMIT_HEADERS for name, _ in headers):
+        return start
+    return {**start, "headers": [*headers, *extra]}
+
+
 class RateLimitMiddleware:
     """Limit the HTTP requests of an ASGI app by a quota of ``quotas`` (an AsyncQuotas).
 
@@ -125,6 +148,10 @@ class RateLimitMiddleware:
     ``"x-ratelimit"``, ``"both"`` or ``"none"``. ``ip_header``: the header holding the client
     address behind a proxy. ``block=False`` lets refused requests through, the decision in
     ``scope["state"]["ratelimit"]``.
+
+    The middleware's own 429 carries ``Retry-After`` and the rate-limit headers. The
+    application's responses get the rate-limit headers added, except a 429 of its own,
+    which passes as the application sent it, and a header the application set itself.
     """
 
     def __init__(
@@ -166,6 +193,11 @@ class RateLimitMiddleware:
         self.block = block
         self._defined = self.rate is None
 
+    def headers_of(self, result: CallResult) -> dict[str, str]:
+        """The rate-limit headers of a decision, in this middleware's style (for an
+        application that refuses by the decision itself, with ``block=False``)."""
+        return rate_limit_headers(result, self.headers)
+
     def _limited(self, scope: Scope) -> bool:
         if scope.get("type") != "http":
             return False
@@ -198,7 +230,7 @@ class RateLimitMiddleware:
             return
         extra = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
-            for name, value in rate_limit_headers(result, self.headers).items()
+            for name, value in self.headers_of(result).items()
         ]
         if not result.allowed and self.block:
             body = b"Too Many Requests\n"
@@ -218,9 +250,8 @@ class RateLimitMiddleware:
             return
 
         async def send_with_headers(message: Message) -> None:
-            if message.get("type") == "http.response.start":
-                message = dict(message)
-                message["headers"] = [*message.get("headers", ()), *extra]
+            if message.get("type") == "http.response.start" and extra:
+                message = _with_headers(message, extra)
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
