@@ -123,6 +123,10 @@ def test_a_server_run_as_its_own_user_outlives_its_parent_folder_closed_to_other
     assert pid is not None
     server.stop()
     assert (_alive(pid), (closed_later / "postmaster.pid").exists()) == (False, False)
+    closed_later.parent.chmod(0o700)  # closed while no server runs: the next start opens it
+    with running(closed_later) as again, psycopg.connect(again.dsn()) as conn:
+        assert conn.execute("SELECT x FROM kept").fetchall() == [(1,)]
+    assert _postmaster(closed_later) is None
 
 
 @as_root

@@ -244,6 +244,10 @@ class EmbeddedPostgres:
             os.kill(pid, _SHUTDOWN[mode])
         except ProcessLookupError:
             return
+        except PermissionError as exc:  # a server another user started
+            raise EmbeddedPostgresError(
+                f"could not stop the embedded PostgreSQL (process {pid}): {exc}"
+            ) from exc
         deadline = time.monotonic() + 60
         # the server removes its pid file as it exits (its process may linger unreaped)
         while self._postmaster_pid() == pid and _alive(pid):
