@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -33,6 +33,36 @@ def _with_db(dsn: str, dbname: str) -> str:
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
+def _server_folder(name: str) -> Path:
+    """A new folder for a server's data directory, outside pytest's base folder: a pytest run
+    started as root beside this one resets that folder to 0700, and the server's own user
+    (when the tests run as root) could no longer reach what lies under it."""
+    return Path(tempfile.mkdtemp(prefix=f"pgcounters-test-{name}-"))
+
+
+@pytest.fixture(scope="session")
+def server_folders() -> Iterator[Callable[[str], Path]]:
+    """Makes folders for servers' data directories (outside pytest's base folder), removed at
+    the end of the session (each holds a cluster: hundreds of MB)."""
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        made.append(_server_folder(name))
+        return made[-1]
+
+    yield make
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def server_folder(server_folders: Callable[[str], Path]) -> Iterator[Path]:
+    """A folder of the test's own for a server's data directory, removed after the test."""
+    folder = server_folders("test")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def server_dsn() -> Iterator[str]:
     """A DSN of a PostgreSQL server on which the tests may create databases."""
@@ -40,7 +70,7 @@ def server_dsn() -> Iterator[str]:
     if configured:
         yield configured
         return
-    folder = Path(tempfile.mkdtemp(prefix="pgcounters-test-")) / "data"
+    folder = _server_folder("session") / "data"
     server = EmbeddedPostgres(folder, settings=FAST_SETTINGS)
     try:
         server.start()
@@ -132,10 +162,10 @@ def django_db_modify_db_settings(server_dsn: str) -> None:
 
 
 @pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+def own_server(server_folder: Path) -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of the test's own, which it may crash or restart (durable settings: what
     committed must survive)."""
-    server = EmbeddedPostgres(tmp_path / "data")
+    server = EmbeddedPostgres(server_folder / "data")
     server.start()
     try:
         yield server

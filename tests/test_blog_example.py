@@ -200,11 +200,11 @@ def test_embedded_database_is_not_started_when_a_dsn_is_set(
 
 @pytest.mark.django_db(transaction=False)
 def test_embedded_database_starts_creates_blog_and_stops(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, server_folder: Path
 ) -> None:
     monkeypatch.delenv("PGCOUNTERS_DSN", raising=False)
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    folder = tmp_path / "data"
+    folder = server_folder / "data"
     with local.embedded_database(folder) as dsn:
         assert dsn is not None
         assert os.environ["PGCOUNTERS_DSN"] == dsn

@@ -163,8 +163,8 @@ def test_library_errors_keep_exit_1_after_the_usage_checks(
     assert (code, "no backfill is pending for nope" in err) == (cli.EXIT_ERROR, True)
 
 
-def test_without_a_dsn_a_command_says_it_starts_the_embedded_server(tmp_path: Path) -> None:
-    data = tmp_path / "data"
+def test_without_a_dsn_a_command_says_it_starts_the_embedded_server(server_folder: Path) -> None:
+    data = server_folder / "data"
     env = no_dsn_env(PGCOUNTERS_DATA_DIR=str(data))
     done = subprocess.run(
         [sys.executable, "-m", "pgcounters", "install"],

@@ -22,6 +22,7 @@ from pgcounters import verify
 from pgcounters.contrib.django import verify_orm
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.models import CounterValue
+from support import set_clock
 from timeline.models import Note, Post, per_hour, per_month, public_per_day, score_per_week
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -229,14 +230,28 @@ def test_verify_orm_leaves_out_the_periods_a_counter_no_longer_keeps() -> None:
     day's value, the ORM (which still has the notes) does not call it a mismatch."""
     from pgcounters import Counters
 
-    post = Post.objects.create(title="p")
-    now = dt.datetime.now(UTC)
-    Note.objects.create(post=post, created_at=now)
-    Note.objects.create(post=post, created_at=now - dt.timedelta(days=10))
-    drain()
+    now = dt.datetime(2026, 11, 21, 12, tzinfo=UTC)
     with psycopg_connection() as conn:
-        assert Counters(conn).drop_expired_buckets() >= 1
-        assert verify(conn, "timeline.recent_days").ok
-    [result] = verify_orm(["timeline.recent_days"])
-    assert result.ok, result.mismatches
-    assert result.keys_checked == 1  # today's value; the day 10 days ago is not compared
+        # the periods' clock of this session (Django's connection), not the wall clock
+        set_clock(conn, now)
+    try:
+        post = Post.objects.create(title="p")
+        Note.objects.create(post=post, created_at=now)
+        Note.objects.create(post=post, created_at=now - dt.timedelta(days=10))
+        drain()
+        with psycopg_connection() as conn:
+            # the one value older than the 3 days kept: the day 10 days ago
+            assert Counters(conn).drop_expired_buckets() == 1
+            stored = conn.execute(
+                "SELECT c.key, c.value FROM pgcounters.counters AS c"
+                " JOIN pgcounters.targets AS t ON t.id = c.target_id"
+                " WHERE t.name = 'timeline.recent_days'"
+            ).fetchall()
+            assert stored == [([str(post.pk), "2026-11-21"], 1)]
+            assert verify(conn, "timeline.recent_days").ok
+        [result] = verify_orm(["timeline.recent_days"])
+        assert result.ok, result.mismatches
+        assert result.keys_checked == 1  # today's value; the day 10 days ago is not compared
+    finally:
+        with psycopg_connection() as conn:
+            set_clock(conn, None)

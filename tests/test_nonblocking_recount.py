@@ -4,6 +4,7 @@ aborts are retried with a WARNING, and a recount that cannot finish says so in o
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 
@@ -27,6 +28,22 @@ def retries(conn: Conn, operation: str) -> int:
         (operation,),
     ).fetchone()
     return int(row[0]) if row else 0
+
+
+# what the blog fixture writes: 50 public comments on five articles in turn
+ARTICLES = range(1, 6)
+PUBLIC_COMMENTS = 10
+
+
+def assert_recounted(conn: Conn) -> None:
+    """Each article's exact value, then its column once drained, is what the fixture wrote
+    (the recount repaired the tampered values)."""
+    pc = Counters(conn)
+    assert pc.get_many(SPEC, ARTICLES) == [PUBLIC_COMMENTS] * len(ARTICLES)
+    pc.drain()
+    assert conn.execute("SELECT id, public_comments FROM blog_article ORDER BY id").fetchall() == [
+        (a, PUBLIC_COMMENTS) for a in ARTICLES
+    ]
 
 
 @pytest.fixture
@@ -81,7 +98,7 @@ def test_a_recount_beside_an_application_holding_parent_rows_never_deadlocks(
     ).fetchone()
     assert recorded == (5, 5, True)
     assert deadlocks(blog) == before
-    assert verify(blog, SPEC).ok
+    assert_recounted(blog)
 
 
 def test_a_named_recount_skips_rows_a_direct_writer_holds(dsn: str, conn: Conn) -> None:
@@ -115,7 +132,15 @@ def test_a_named_recount_skips_rows_a_direct_writer_holds(dsn: str, conn: Conn) 
     result = outcome[0]
     assert isinstance(result, RecountResult)
     assert (result.keys_done, result.busy_keys) == (3, 1)
-    assert verify(conn, spec.name).ok
+    # the 30 comments on three articles in turn, and the application's one more on article 2
+    # (the recount came back to its busy key): the +7 of each key repaired
+    day = dt.date(2026, 11, 21)  # the comments' default day
+    keys = [(a, day) for a in (1, 2, 3)]
+    assert Counters(conn).get_many(spec.name, keys) == [10, 11, 10]
+    stored = conn.execute(
+        "SELECT key, value FROM pgcounters.counters ORDER BY key[1]::bigint"
+    ).fetchall()
+    assert stored == [([str(a), day.isoformat()], n) for a, n in ((1, 10), (2, 11), (3, 10))]
 
 
 def test_an_aborted_batch_is_retried_with_a_warning_and_counted(
@@ -144,7 +169,7 @@ def test_an_aborted_batch_is_retried_with_a_warning_and_counted(
         holder.close()
         thread.join(timeout=60)
     assert isinstance(outcome[0], RecountResult), outcome
-    assert verify(blog, SPEC).ok
+    assert_recounted(blog)
     warnings = [r.getMessage() for r in caplog.records if r.name == "pgcounters.recount"]
     assert warnings
     assert all("aborted by lock timeout, retrying" in w for w in warnings)
@@ -154,6 +179,7 @@ def test_verify_retries_a_cancelled_statement(
     dsn: str, blog: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     recount(blog, SPEC)
+    assert_recounted(blog)  # what verify must find right
     holder = psycopg.connect(dsn)
     holder.execute("LOCK TABLE blog_comment IN ACCESS EXCLUSIVE MODE")
     outcome: list[object] = []

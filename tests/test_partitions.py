@@ -250,16 +250,21 @@ def test_a_merge_moving_a_row_to_another_partition_is_not_seen_and_recount_repai
         name="ev.per_parent", source="ev", keys=("parent_id",), target=NamedTarget(("bigint",))
     )
     triggers.install(conn, [spec])
+    pc = Counters(conn)
+    parents = [2, 3, 4, 5]
     conn.execute("UPDATE ev SET region = 'eu', parent_id = 4 WHERE code = 'm3'")
-    assert verify(conn, "ev.per_parent").ok  # a plain UPDATE's move is counted
+    # a plain UPDATE's move is counted: m2 under 2, m3 moved from 3 to 4
+    assert pc.get_many("ev.per_parent", parents) == [1, 0, 1, 0]
     conn.execute(
         "MERGE INTO ev AS t USING (SELECT 'm2' AS code) AS s ON t.code = s.code"
         " WHEN MATCHED THEN UPDATE SET region = 'eu', parent_id = 5"
     )
+    # m2 moved from 2 to 5 unseen: the values stay as they were
+    assert pc.get_many("ev.per_parent", parents) == [1, 0, 1, 0]
     report = verify(conn, "ev.per_parent")
     assert sorted((m.key, m.expected, m.actual) for m in report.mismatches) == [
         ((2,), 0, 1),
         ((5,), 1, 0),
     ]
     recount(conn, "ev.per_parent")
-    assert verify(conn, "ev.per_parent").ok
+    assert pc.get_many("ev.per_parent", parents) == [0, 0, 1, 1]

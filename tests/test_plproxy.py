@@ -8,7 +8,7 @@ import datetime as dt
 import random
 import threading
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,9 @@ def _dsn(server: EmbeddedPostgres, dbname: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
+def proxy(server_folders: Callable[[str], Path]) -> Iterator[tuple[str, list[str]]]:
     """(proxy DSN, shard DSNs): two shards with pgcounters installed, a proxy in front."""
-    folder: Path = tmp_path_factory.mktemp("plproxy")
+    folder = server_folders("plproxy")
     servers = [EmbeddedPostgres(folder / name, bin_dir=PG_BIN) for name in ("s0", "s1", "px")]
     started: list[EmbeddedPostgres] = []
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,9 @@ from support import wait_for
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def pair(server_folders: Callable[[str], Path]) -> Iterator[tuple[str, str]]:
     """(primary DSN, standby DSN), the schema installed on the primary before the copy."""
-    folder: Path = tmp_path_factory.mktemp("replication")
+    folder = server_folders("replication")
     primary = EmbeddedPostgres(folder / "primary")
     primary.start()
     standby: EmbeddedPostgres | None = None

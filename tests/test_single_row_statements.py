@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgcounters import triggers
+from pgcounters import Counters, triggers
 from pgcounters.connection import Conn
 from pgcounters.specs import CounterSpec, Fragment, NamedTarget
 
@@ -324,7 +324,16 @@ def test_installing_again_counts_again_a_counter_whose_trigger_was_disabled(conn
     conn.execute(source.replace("RETURN NULL;", "RETURN NULL; -- earlier", 1))
     found = {d.name: d for d in triggers.drift(conn)}
     assert found["items.by_shelf"].state == "disabled"
+    pc = Counters(conn)
+    assert pc.get("items.by_shelf", 1) == 1  # the row written while disabled is missing
     assert not verify(conn, "items.by_shelf").ok
     triggers.install(conn, specs())
     assert {d.state for d in triggers.drift(conn)} == {"installed"}
+    assert pc.get("items.by_shelf", 1) == 2  # both rows, counted again
+    pc.drain()
+    stored = conn.execute(
+        "SELECT c.key, c.value FROM pgcounters.counters AS c"
+        " JOIN pgcounters.targets AS t ON t.id = c.target_id WHERE t.name = 'items.by_shelf'"
+    ).fetchall()
+    assert stored == [(["1"], 2)]
     assert verify(conn, "items.by_shelf").ok

