@@ -373,9 +373,6 @@ def by_name(names: list[str]) -> list[Fault]:
 
 # -- the run ---------------------------------------------------------------------------------
 
-# a mutant whose tests run this many times longer than the unmutated ones is stopped (a
-# test that hangs on a fault has seen it: CI would stop it too)
-PATIENCE = 4
 GRACE = 60.0  # seconds pytest is given to stop its servers when told to stop
 
 
@@ -384,6 +381,8 @@ class Outcome:
     code: int | None
     """pytest's exit status (None: stopped after the time allowed)."""
     failed: list[str]
+    first_kind: str | None
+    """FAILED (an assertion or an exception in the test) or ERROR (in a fixture)."""
     seconds: float
     tail: str
 
@@ -441,9 +440,16 @@ def run_tests(
     except BaseException:
         _stop(proc)
         raise
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.MULTILINE)
+    # "FAILED tests/x.py::test[a b] - message": a parametrized id may hold spaces
+    found = re.findall(r"^(FAILED|ERROR) (.+?)(?: - .*)?$", out, re.MULTILINE)
     tail = "\n".join(out.strip().splitlines()[-15:])
-    return Outcome(code, failed, time.monotonic() - started, tail)
+    return Outcome(
+        code,
+        [node for _, node in found],
+        found[0][0] if found else None,
+        time.monotonic() - started,
+        tail,
+    )
 
 
 @contextmanager
@@ -491,8 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="mutation_check",
         description="Put each fault into a copy of the package, run the tests it names, and "
         "report whether they failed (killed) or passed (survived). Exit status: 0 when every "
-        "fault is killed, 1 when one survives, 2 when a fault no longer applies or the tests "
-        "fail without any fault.",
+        "fault is killed, 1 when one survives, 2 when a fault no longer applies, or a test a "
+        "fault failed fails without it too, or pytest fails otherwise.",
     )
     parser.add_argument("--list", action="store_true", help="list the faults and their tests")
     parser.add_argument(
@@ -503,6 +509,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run each mutant's tests to the end and list every failing test (slower: by "
         "default a mutant's run stops at its first failing test)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="stop a mutant's tests after this long: the fault is then counted as killed (a "
+        "test that hangs on it has seen it); default 900",
     )
     args = parser.parse_args(argv)
     if args.list:
@@ -520,25 +534,28 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     started = time.monotonic()
     try:
-        return _run(faults, first=not args.every_failure, started=started)
+        return _run(faults, first=not args.every_failure, timeout=args.timeout, started=started)
     except (KeyboardInterrupt, Stop):
         print(f"mutation-check: stopped after {_duration(time.monotonic() - started)}")
         return 130
 
 
-def _run(faults: list[Fault], *, first: bool, started: float) -> int:
-    tests = list(dict.fromkeys(t for f in faults for t in f.tests))
-    ignored = list(dict.fromkeys(t for f in faults for t in f.ignored))
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _confirmed(failed: list[str], env: dict[str, str], timeout: float) -> Outcome:
+    """The tests a mutant failed, run again without the fault: they must pass (a test that
+    fails anyway killed nothing)."""
+    return run_tests(failed, [], env, timeout, first=False)
+
+
+def _run(faults: list[Fault], *, first: bool, timeout: float, started: float) -> int:
+    tests = {t for f in faults for t in f.tests}
     print(f"mutation-check: {len(faults)} faults, {len(tests)} test files", flush=True)
+    survived: list[str] = []
+    broken: list[str] = []
     with package_copy() as (copy, env):
-        base = run_tests(tests, ignored, env, timeout=24 * 3600, first=True)
-        if base.code != 0:
-            print(f"mutation-check: the tests fail without any fault ({_named(base.failed)})")
-            print(base.tail)
-            return 2
-        print(f"unmutated: passed ({_duration(base.seconds)})", flush=True)
-        timeout = max(PATIENCE * base.seconds, 600.0)
-        survived = []
         for fault in faults:
             target = copy / fault.path
             original = target.read_text(encoding="utf-8")
@@ -548,19 +565,37 @@ def _run(faults: list[Fault], *, first: bool, started: float) -> int:
             finally:
                 target.write_text(original, encoding="utf-8")
             took = _duration(out.seconds)
-            if out.code == 1:
-                print(f"killed:   {fault.name}: {_named(out.failed)} failed ({took})", flush=True)
+            if out.code == 1 and out.failed:
+                again = _confirmed(out.failed, env, timeout)
+                if again.code == 0:
+                    how = "" if out.first_kind == "FAILED" else " (an error, not an assertion)"
+                    _say(
+                        f"killed:   {fault.name}: {_named(out.failed)} failed{how} ({took}; "
+                        f"passes without the fault: {_duration(again.seconds)})"
+                    )
+                else:
+                    broken.append(fault.name)
+                    _say(
+                        f"ERROR:    {fault.name}: {_named(again.failed or out.failed)} fails "
+                        f"without the fault too\n{again.tail}"
+                    )
             elif out.code is None:
-                print(f"killed:   {fault.name}: the tests did not end in {took}", flush=True)
+                _say(f"killed:   {fault.name}: the tests did not end in {took}")
             elif out.code == 0:
                 survived.append(fault.name)
-                print(f"SURVIVED: {fault.name}: {fault.what}; every test of "
-                      f"{' '.join(fault.tests)} passed ({took})", flush=True)  # fmt: skip
+                _say(
+                    f"SURVIVED: {fault.name}: {fault.what}; every test of "
+                    f"{' '.join(fault.tests)} passed ({took})"
+                )
             else:
-                survived.append(fault.name)
-                print(f"ERROR:    {fault.name}: pytest exited with {out.code}, not a test "
-                      f"failure ({took})\n{out.tail}", flush=True)  # fmt: skip
+                broken.append(fault.name)
+                _say(
+                    f"ERROR:    {fault.name}: pytest exited with {out.code}, not a test "
+                    f"failure ({took})\n{out.tail}"
+                )
     total = _duration(time.monotonic() - started)
-    print(f"{len(faults) - len(survived)} of {len(faults)} faults killed in {total}"
-          + (f"; survived: {', '.join(survived)}" if survived else ""))  # fmt: skip
-    return 1 if survived else 0
+    killed = len(faults) - len(survived) - len(broken)
+    print(f"{killed} of {len(faults)} faults killed in {total}"
+          + (f"; survived: {', '.join(survived)}" if survived else "")
+          + (f"; not judged (see ERROR): {', '.join(broken)}" if broken else ""))  # fmt: skip
+    return 2 if broken else 1 if survived else 0

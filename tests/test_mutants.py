@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+import psycopg
 import pytest
 
 from mutants import FAULTS, PACKAGE, ROOT, Edit, Fault, by_name
@@ -39,6 +40,30 @@ def test_the_fault_names_tests_that_exist(fault: Fault) -> None:
             assert re.search(rf"^(async )?def {name}\(", source, re.MULTILINE), (
                 f"fault {fault.name!r}: no test {function} in {path}"
             )
+
+
+SQL_FAULTS = [f for f in FAULTS if f.path.endswith(".sql")]
+
+
+@pytest.mark.parametrize("fault", SQL_FAULTS, ids=[f.name for f in SQL_FAULTS])
+def test_the_schema_with_the_fault_in_still_installs(empty_dsn: str, fault: Fault) -> None:
+    # a fault the schema refuses would fail every test for nothing (PL/pgSQL bodies are
+    # parsed when their functions are created): installed in a transaction rolled back
+    mutated = fault.apply(fault.file.read_text(encoding="utf-8"))
+    with psycopg.connect(empty_dsn) as conn, conn.transaction(force_rollback=True):
+        conn.execute(mutated.encode())
+        # the file leaves the bodies unchecked (a function may name one defined below): each
+        # checked now, all of them defined
+        conn.execute("SET LOCAL check_function_bodies = on")
+        checked = conn.execute(
+            "SELECT count(CASE l.lanname WHEN 'plpgsql' THEN plpgsql_validator(p.oid)"
+            "                            ELSE fmgr_sql_validator(p.oid) END)"
+            "  FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang"
+            " WHERE p.pronamespace = 'pgcounters'::regnamespace"
+            "   AND l.lanname IN ('plpgsql', 'sql')"
+        ).fetchone()
+        assert checked is not None
+        assert checked[0] > 100
 
 
 def test_the_faults_have_distinct_names_and_files_of_the_package() -> None:
