@@ -39,9 +39,12 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# Faults put into the trigger compiler one at a time: the suite must fail on each (not run by CI)
+# Faults of tests/mutants.py (the trigger compiler, the SQL engine, the Python side) put one
+# at a time into a copy of the package: the tests each names must fail. `make test` checks
+# that every fault still applies (tests/test_mutants.py); this runs them all (MUTATION_ARGS:
+# --list, --only NAME)
 mutation-check: $(STAMP)
-	$(BIN)/python scripts/mutation_check.py
+	$(BIN)/python scripts/mutation_check.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) pgcounters-data .mypy_cache .ruff_cache .pytest_cache
