@@ -33,3 +33,9 @@ SELECT count(*) FROM pgcounters.queue;
 -- name: wrong_rows
 -- Parent rows whose counter is not what the backlog held for each.
 SELECT count(*) FROM bench_backlog_parent WHERE n <> %(each)s;
+
+-- name: draining
+-- Whether the worker's session is running a statement (a drain batch): its backend is active.
+SELECT count(*) FROM pg_stat_activity
+ WHERE application_name = 'pgcounters worker' AND state = 'active'
+   AND query NOT LIKE '%%pg_stat_activity%%';
