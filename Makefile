@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast check lint typecheck pytest bench clean mutation-check
+.PHONY: demo test test-fast check lint typecheck pytest bench clean mutation-check system-packages
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("pgcounters needs Python 3.11+" if sys.version_info < (3, 11) else 0)'
@@ -19,8 +19,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/pgcounters demo
 
-# the whole suite: lint, strict typing (tests included), then the tests
-test: check pytest
+# the whole suite: the system packages its tests need (installed with apt-get when this runs
+# as root or with sudo, else named), lint, strict typing (tests included), then the tests
+test: system-packages check pytest
+
+system-packages:
+	@scripts/system-packages
 
 # the fast lane while you work (under a minute): lint, then the tests marked `fast`;
 # `make test` stays the whole suite, the one CI runs

@@ -29,7 +29,7 @@ FLAGS = (
 
 def _browse(*args: str) -> str:
     if CHROMIUM is None:
-        pytest.fail("chromium is not installed: .ci/run installs Debian's chromium package")
+        pytest.fail("chromium is not installed: `make test` installs Debian's chromium package")
     with tempfile.TemporaryDirectory(prefix="browser-") as profile:
         done = subprocess.run(
             [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args],

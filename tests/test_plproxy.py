@@ -1,6 +1,6 @@
 """Counters and quotas sharded over two PostgreSQL servers through PL/Proxy: a proxy and two
 shards, all started from the distribution's PostgreSQL 15 binaries (the embedded wheel has no
-PL/Proxy). .ci/run installs the package; without it these tests are skipped, saying so."""
+PL/Proxy). `make test` installs the package; without it these tests are skipped, saying so."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ PLPROXY = Path("/usr/lib/postgresql/15/lib/plproxy.so")
 if not PLPROXY.exists():
     pytest.skip(
         f"PL/Proxy is not installed ({PLPROXY} is missing): apt-get install "
-        "postgresql-15-plproxy (.ci/run installs it before make test)",
+        "postgresql-15-plproxy (`make test` installs it)",
         allow_module_level=True,
     )
 
