@@ -11,13 +11,15 @@ import pytest
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
-from django.http import HttpRequest, HttpResponse
-from django.test import RequestFactory
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.test import Client, RequestFactory
+from django.urls import URLPattern, path
 from django.utils.decorators import method_decorator
 from django.views import View
 from pytest_django.fixtures import Settings as SettingsWrapper
 
 from pgcounters import InvalidBucketWidth, Quotas, UnknownQuota
+from pgcounters.contrib.django import ratelimit_headers
 from pgcounters.contrib.django.db import psycopg_connection
 from pgcounters.contrib.django.ratelimit import RateLimitMiddleware, ratelimit
 from pgcounters.quotas import CallResult
@@ -363,3 +365,160 @@ def test_a_rate_with_a_bucket_width(
         RateLimitMiddleware(ok)
     with pytest.raises(UnknownQuota):
         quotas.quota("bad")
+
+
+# -- which response carries which rate-limit headers, through Django's whole request handler
+
+
+def busy(request: HttpRequest) -> HttpResponse:
+    """A view's own refusal (a queue of its own is full, say)."""
+    return HttpResponse("busy", status=429, headers={"Retry-After": "7"})
+
+
+def own_headers(request: HttpRequest) -> HttpResponse:
+    """A view that describes a limit of its own."""
+    return HttpResponse(
+        "own",
+        headers={"RateLimit-Limit": "50", "RateLimit-Remaining": "49", "RateLimit-Reset": "9"},
+    )
+
+
+def by_decision(request: HttpRequest) -> HttpResponse:
+    """``block=False``: the view refuses by the decision itself, with the headers it adds."""
+    result: CallResult = request.ratelimit  # type: ignore[attr-defined]
+    if result.allowed:
+        return HttpResponse("ok")
+    return HttpResponse("later", status=429, headers=ratelimit_headers(result))
+
+
+def _urls() -> list[URLPattern]:
+    """The URLs, their views decorated afresh: a decorator defines its quota once."""
+    return [
+        path("api/items", ok),
+        path("api/busy", busy),
+        path("api/own", own_headers),
+        path("api/search", ratelimit("search", rate="2/minute", key="ip")(ok)),
+        path("busy", ratelimit("solo", rate="10/minute", key="ip")(busy)),
+        path("soft", ratelimit("soft", rate="1/minute", key="ip", block=False)(by_decision)),
+    ]
+
+
+urlpatterns = _urls()
+
+RATE_LIMIT_HEADERS = {
+    f"{prefix}RateLimit-{field}"
+    for prefix in ("", "X-")
+    for field in ("Limit", "Remaining", "Reset")
+}
+NOON = dt.datetime(2026, 3, 10, 12, tzinfo=dt.UTC)
+
+
+def rate_limit_headers_of(response: HttpResponseBase) -> dict[str, str]:
+    return {name: response[name] for name in sorted(RATE_LIMIT_HEADERS) if name in response}
+
+
+@pytest.fixture
+def client(quotas: Quotas, settings: SettingsWrapper) -> Iterator[Client]:
+    """A test client through the project's middleware and the middleware limiting ``/api/``
+    to 4 calls a day, the URLs above, at noon by the quotas' clock."""
+    urlpatterns[:] = _urls()
+    settings.ROOT_URLCONF = __name__
+    settings.MIDDLEWARE = [
+        *settings.MIDDLEWARE,
+        "pgcounters.contrib.django.ratelimit.RateLimitMiddleware",
+    ]
+    settings.PGCOUNTERS_RATELIMIT_QUOTA = "site"
+    settings.PGCOUNTERS_RATELIMIT_RATE = "4/day"
+    settings.PGCOUNTERS_RATELIMIT_KEY = "ip"
+    settings.PGCOUNTERS_RATELIMIT_PATHS = ["/api/"]
+    set_clock(quotas.conn, NOON)
+    try:
+        yield Client()
+    finally:
+        set_clock(quotas.conn, None)
+
+
+def test_a_views_own_429_passes_as_the_view_made_it(quotas: Quotas, client: Client) -> None:
+    """The view's refusal, not the limit's: under the middleware, under the decorator, and a
+    ``block=False`` view's 429 carries the headers the view put on it and no others."""
+    under_middleware = client.get("/api/busy")
+    under_decorator = client.get("/busy")
+    for response in (under_middleware, under_decorator):
+        assert (response.status_code, response.content) == (429, b"busy")
+        assert response["Retry-After"] == "7"
+        assert rate_limit_headers_of(response) == {}
+    allowed, refused = client.get("/soft"), client.get("/soft")
+    assert (allowed.status_code, allowed["RateLimit-Remaining"]) == (200, "0")
+    assert (refused.status_code, refused.content) == (429, b"later")
+    assert "Retry-After" not in refused
+    assert rate_limit_headers_of(refused) == {
+        "RateLimit-Limit": "1",
+        "RateLimit-Remaining": "0",
+        "RateLimit-Reset": "60",
+    }
+    assert subjects(quotas, "site") == {"ip:127.0.0.1": 1}
+    assert subjects(quotas, "solo") == {"ip:127.0.0.1": 1}
+    assert subjects(quotas, "soft") == {"ip:127.0.0.1": 2}
+
+
+def test_a_response_with_rate_limit_headers_of_its_own_keeps_them_alone(
+    quotas: Quotas, client: Client, settings: SettingsWrapper
+) -> None:
+    """A view's own headers, and a decorated view's (a limit nearer the view) under the
+    middleware: kept as they are, never overwritten by the middleware's."""
+    own = client.get("/api/own")
+    assert (own.status_code, own.content) == (200, b"own")
+    assert rate_limit_headers_of(own) == {
+        "RateLimit-Limit": "50",
+        "RateLimit-Remaining": "49",
+        "RateLimit-Reset": "9",
+    }
+    searched = client.get("/api/search")
+    assert rate_limit_headers_of(searched) == {
+        "RateLimit-Limit": "2",
+        "RateLimit-Remaining": "1",
+        "RateLimit-Reset": "60",
+    }
+    # headers of the other style are the view's own too: none is added beside them
+    settings.PGCOUNTERS_RATELIMIT_HEADERS = "both"
+    own_both = client.get("/api/own")
+    assert rate_limit_headers_of(own_both) == rate_limit_headers_of(own)
+    # a plain response gets the middleware's, of the call it counted (the 4th of 4)
+    items = client.get("/api/items")
+    assert rate_limit_headers_of(items) == {
+        "RateLimit-Limit": "4",
+        "RateLimit-Remaining": "0",
+        "RateLimit-Reset": "43200",
+        "X-RateLimit-Limit": "4",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": str(int((NOON + dt.timedelta(hours=12)).timestamp())),
+    }
+    assert subjects(quotas, "site") == {"ip:127.0.0.1": 4}
+    assert subjects(quotas, "search") == {"ip:127.0.0.1": 1}
+
+
+def test_each_limiters_own_429_carries_its_own_headers(quotas: Quotas, client: Client) -> None:
+    """The decorator's refusal under the middleware carries the decorator's headers, not the
+    middleware's; the middleware's refusal carries its own; neither reaches the view."""
+    codes = [client.get("/api/search").status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    by_decorator = client.get("/api/search")  # the 4th call of the day for the middleware
+    assert (by_decorator.status_code, by_decorator.content) == (429, b"Too Many Requests\n")
+    assert by_decorator["Retry-After"] == "60"
+    assert rate_limit_headers_of(by_decorator) == {
+        "RateLimit-Limit": "2",
+        "RateLimit-Remaining": "0",
+        "RateLimit-Reset": "60",
+    }
+    by_middleware = client.get("/api/search")  # the 5th: refused before the decorator
+    assert (by_middleware.status_code, by_middleware.content) == (429, b"Too Many Requests\n")
+    assert by_middleware["Retry-After"] == "43200"
+    assert rate_limit_headers_of(by_middleware) == {
+        "RateLimit-Limit": "4",
+        "RateLimit-Remaining": "0",
+        "RateLimit-Reset": "43200",
+    }
+    status = quotas.status("site", "ip:127.0.0.1")
+    assert (status.used, status.attempts, status.rejected) == (4, 5, 1)
+    search = quotas.status("search", "ip:127.0.0.1")
+    assert (search.used, search.attempts, search.rejected) == (2, 4, 2)

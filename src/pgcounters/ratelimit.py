@@ -1,14 +1,15 @@
 """What every rate limiter on pgcounters quotas shares, whatever the web framework.
 
-The headers of a decision (``RateLimit-*``, ``X-RateLimit-*``, ``Retry-After``) and rate
-strings (``"1000/day"``, ``"10/minute"``, ``"100/15m"``). The Django decorator and
-middleware (``pgcounters.contrib.django.ratelimit``) and the ASGI middleware
-(``pgcounters.contrib.asgi``) answer alike because they use these.
+The headers of a decision (``RateLimit-*``, ``X-RateLimit-*``, ``Retry-After``), which
+responses a limiter adds them to, and rate strings (``"1000/day"``, ``"10/minute"``,
+``"100/15m"``). The Django decorator and middleware (``pgcounters.contrib.django.ratelimit``)
+and the ASGI middleware (``pgcounters.contrib.asgi``) answer alike because they use these.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Literal, TypeAlias
 
 from pgcounters.errors import InvalidQuotaDefinition
@@ -31,6 +32,28 @@ def rate_limit_headers(result: CallResult, style: HeaderStyle) -> dict[str, str]
         out["X-RateLimit-Remaining"] = str(result.remaining)
         out["X-RateLimit-Reset"] = str(math.ceil(result.window_end.timestamp()))
     return out
+
+
+RATE_LIMIT_HEADER_NAMES = frozenset(
+    f"{prefix}ratelimit-{field}"
+    for prefix in ("", "x-")
+    for field in ("limit", "remaining", "reset")
+)
+"""Every header :func:`rate_limit_headers` can write, in lower case."""
+
+
+def adds_rate_limit_headers(status: int, header_names: Iterable[str]) -> bool:
+    """Whether a limiter adds its rate-limit headers to a response it let through, of this
+    status and with headers of these names (any case).
+
+    Not to a 429: the application's own refusal, not the limiter's, which a client must
+    tell apart (the limiter's own 429 always carries its headers and ``Retry-After``). Not
+    to a response carrying rate-limit headers of its own (another limit's, or the
+    application's): it keeps that set alone, never two values of one header. Every other
+    response gets them, describing the call the limiter counted."""
+    if status == 429:
+        return False
+    return not any(name.lower() in RATE_LIMIT_HEADER_NAMES for name in header_names)
 
 
 def retry_after(result: CallResult) -> str:

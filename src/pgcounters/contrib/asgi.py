@@ -29,6 +29,7 @@ from pgcounters.quotas import AsyncQuotas, CallResult, check_quota_name
 from pgcounters.ratelimit import (
     HEADER_STYLES,
     HeaderStyle,
+    adds_rate_limit_headers,
     parse_rate,
     rate_limit_headers,
     retry_after,
@@ -114,23 +115,13 @@ def subject_for(scope: Scope, key: Key, ip_header: str | None = None) -> str | N
     return f"ip:{ip}" if ip else None
 
 
-_RATE_LIMIT_HEADERS = frozenset(
-    f"{prefix}ratelimit-{field}".encode()
-    for prefix in ("", "x-")
-    for field in ("limit", "remaining", "reset")
-)
-"""Every header of :func:`pgcounters.ratelimit.rate_limit_headers`, in lower case."""
-
-
 def _with_headers(start: Message, extra: list[tuple[bytes, bytes]]) -> Message:
-    """The application's ``http.response.start`` with the middleware's headers added, but
-    for two cases, passed on as the application sent them: a 429 of the application's own
-    (its refusal, not this limit's: a client must tell them apart), and a response that
-    carries rate-limit headers of its own (a dependency's: one limit's set, never two)."""
-    if start.get("status") == 429:
-        return start
+    """The application's ``http.response.start`` with the middleware's headers added, or as
+    the application sent it when :func:`pgcounters.ratelimit.adds_rate_limit_headers` says
+    so (a 429 of its own, a response with rate-limit headers of its own)."""
     headers = list(start.get("headers", ()))
-    if any(bytes(name).lower() in _RATE_LIMIT_HEADERS for name, _ in headers):
+    names = (bytes(name).decode("latin-1") for name, _ in headers)
+    if not adds_rate_limit_headers(int(start.get("status", 200)), names):
         return start
     return {**start, "headers": [*headers, *extra]}
 

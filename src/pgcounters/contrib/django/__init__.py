@@ -22,7 +22,7 @@ from pgcounters.contrib.django.events import count_event, event_value
 from pgcounters.contrib.django.expressions import Exact
 from pgcounters.contrib.django.orm_truth import verify_orm
 from pgcounters.contrib.django.pagination import EstimatedCountPaginator, estimated_count
-from pgcounters.contrib.django.ratelimit import RateLimitMiddleware, ratelimit
+from pgcounters.contrib.django.ratelimit import RateLimitMiddleware, ratelimit, ratelimit_headers
 from pgcounters.contrib.django.signals import counters_changed
 
 # grouped by use, as docs/django.md presents them
@@ -51,6 +51,7 @@ __all__ = [  # noqa: RUF022
     # -- rate limits on views
     "RateLimitMiddleware",
     "ratelimit",
+    "ratelimit_headers",
     # -- the psycopg connection of a Django database, for the pgcounters API
     "psycopg_connection",
     # -- the signal a worker run from Django sends after its batches change counters

@@ -4,7 +4,9 @@ Each request registers one call of a subject (the user, the client address, a
 header, or what a callable returns) against a quota defined with
 :meth:`pgcounters.Quotas.define_quota` (or ``pgcounters quota define``). A refused
 call is answered ``429 Too Many Requests`` with ``Retry-After`` and the
-rate-limit headers; allowed responses carry the rate-limit headers too.
+rate-limit headers; the view's responses carry the rate-limit headers too, but for a 429
+of its own and a response with rate-limit headers of its own, passed on as the view made
+them (:func:`pgcounters.ratelimit.adds_rate_limit_headers`, the ASGI middleware's rule).
 
     from pgcounters.contrib.django.ratelimit import ratelimit
 
@@ -36,6 +38,7 @@ from pgcounters.quotas import CallResult, Quotas, Window
 from pgcounters.ratelimit import (
     HEADER_STYLES,
     HeaderStyle,
+    adds_rate_limit_headers,
     parse_rate,
     rate_limit_headers,
     retry_after,
@@ -258,6 +261,13 @@ def check_request(
         )
 
 
+def ratelimit_headers(result: CallResult) -> dict[str, str]:
+    """The rate-limit headers of a decision (``request.ratelimit``) in the style of
+    ``PGCOUNTERS_RATELIMIT_HEADERS``, without ``Retry-After``: for a view that refuses by
+    the decision itself (``block=False``), whose own 429 the limiter leaves untouched."""
+    return rate_limit_headers(result, RateLimitSettings.load().headers)
+
+
 def _finish(
     request: HttpRequest,
     result: CallResult | None,
@@ -265,15 +275,22 @@ def _finish(
     get_response: Callable[[], HttpResponse],
     block: bool,
 ) -> HttpResponse:
+    """The limiter's own 429 with ``Retry-After`` and its rate-limit headers, or the view's
+    response, with the rate-limit headers added unless it is a 429 of the view's own or
+    carries rate-limit headers of its own (a limit nearer the view set them)."""
     request.ratelimit = result  # type: ignore[attr-defined]
-    if result is not None and not result.allowed and block:
+    if result is None:
+        return get_response()
+    headers = rate_limit_headers(result, config.headers)
+    if not result.allowed and block:
         response = (config.response or too_many_requests)(request, result)
         response["Retry-After"] = retry_after(result)
     else:
         response = get_response()
-    if result is not None:
-        for name, value in rate_limit_headers(result, config.headers).items():
-            response[name] = value
+        if not adds_rate_limit_headers(response.status_code, response.headers):
+            return response
+    for name, value in headers.items():
+        response[name] = value
     return response
 
 
@@ -300,6 +317,11 @@ def ratelimit(
     only these HTTP methods are limited (default: all). ``block=False`` lets a
     refused request through to the view, which finds the decision in
     ``request.ratelimit`` (a :class:`pgcounters.quotas.CallResult`).
+
+    The decorator's own 429 carries ``Retry-After`` and the rate-limit headers. The view's
+    responses get the rate-limit headers added, except a 429 of its own (with
+    ``block=False``, add :func:`ratelimit_headers` to it yourself) and a response that
+    carries rate-limit headers of its own, both passed on as the view made them.
 
     On a class-based view the decorator wraps ``dispatch``; on a method, use
     ``django.utils.decorators.method_decorator``.
