@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 
-from pgcounters import AsyncCounters, Bucket, Counters, CounterSpec, NamedTarget, triggers
+from pgcounters import AsyncCounters, Bucket, Counters, CounterSpec, NamedTarget, sqlfiles, triggers
 from pgcounters.connection import Conn
 from pgcounters.keys import Key
 from support import set_database_clock
@@ -181,3 +181,31 @@ def test_every_read_leaves_out_the_periods_no_longer_kept(conn: Conn, dsn: str, 
     ).fetchall()
     assert stored == [(1, -1), (2, -1)]  # what a read that ignores the window would say
     _check_reads(conn, dsn, truth, drained=True)
+
+
+def test_the_reads_of_a_few_keys_stay_index_scans(conn: Conn) -> None:
+    """The window costs no scan of a table: the plans of the client's reads of a few keys
+    (checked in the plan, not by timing), with many stored values and queued deltas. (The
+    plan of top, which filters the same way, is checked on a large counter in
+    test_drain_many_keys.py.)"""
+    _install(conn, "queued")
+    target = conn.execute("SELECT id FROM pgcounters.targets WHERE name = 'per_day'").fetchone()
+    assert target is not None
+    for table, column in (("counters", "value"), ("queue", "delta"), ("queue_unlogged", "delta")):
+        conn.execute(
+            f"INSERT INTO pgcounters.{table} (target_id, key, {column})"  # noqa: S608
+            " SELECT %s, ARRAY[g::text, '2026-11-20'], 1 FROM generate_series(1000, 30999) AS g",
+            (target[0],),
+        )
+    conn.execute("ANALYZE pgcounters.counters, pgcounters.queue, pgcounters.queue_unlogged")
+    key = ["1", TODAY.isoformat()]
+    keys = '[["1", "2026-11-20"], ["2", "2026-10-21"]]'
+    for statement, params in (
+        ("exact_named", {"t": target[0], "k": key}),
+        ("stored_named", {"t": target[0], "k": key}),
+        ("exact_named_many", {"t": target[0], "keys": keys}),
+        ("stored_named_many", {"t": target[0], "keys": keys}),
+    ):
+        row = conn.execute("EXPLAIN (FORMAT JSON) " + sqlfiles.query(statement), params).fetchone()
+        assert row is not None
+        assert "Seq Scan" not in str(row[0]), statement

@@ -168,3 +168,41 @@ def _parse(key: str) -> dt.datetime:
 def _text(start: dt.date) -> str:
     assert isinstance(start, dt.datetime)
     return start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- the order of ties -------------------------------------------------------------------
+
+
+def test_ties_of_top_range_and_top_are_in_byte_order_of_the_keys_text(conn: Conn) -> None:
+    conn.execute("CREATE TABLE visit (id bigserial PRIMARY KEY, page text, at timestamptz)")
+    spec = CounterSpec(
+        name="per_page",
+        source="visit",
+        keys=("page",),
+        target=NamedTarget(("text",)),
+        bucket=Bucket("at", "day", "UTC"),
+    )
+    triggers.install(conn, [spec])
+    day = dt.datetime(2026, 11, 20, 12, tzinfo=UTC)
+    # 2 visits of each page over two days, 3 of z; pages whose byte order is not the
+    # order of their numbers nor of their letters ignoring case
+    visits = [(p, day + dt.timedelta(days=d)) for p in ("b", "9", "a", "B", "10") for d in (0, 1)]
+    visits += [("z", day)] * 3
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO visit (page, at) VALUES (%s, %s)", visits)
+    ranked = [("z", 3), ("10", 2), ("9", 2), ("B", 2), ("a", 2), ("b", 2)]
+    pc = Counters(conn)
+    start, end = day.date(), day.date() + dt.timedelta(days=2)
+    for n in (0, 1, 2, 4, 6, 10):
+        rows = conn.execute(
+            "SELECT key, value FROM pgcounters.top_range('per_page', %s, %s, %s)",
+            (day - dt.timedelta(hours=12), day + dt.timedelta(days=1, hours=12), n),
+        ).fetchall()
+        assert [(k[0], v) for k, v in rows] == ranked[:n]
+        assert pc.top_range("per_page", start, end, n) == [((k,), v) for k, v in ranked[:n]]
+    # top: the stored values of each (page, day), once drained
+    pc.drain()
+    by_day = [("z", 3)] + [(p, 1) for p in ("10", "10", "9", "9", "B", "B", "a", "a", "b", "b")]
+    rows = conn.execute("SELECT key, value FROM pgcounters.top('per_page', 20)").fetchall()
+    assert [(k[0], int(v)) for k, v in rows] == by_day
+    assert [(k[0], v) for k, v in pc.top("per_page", 20)] == by_day
