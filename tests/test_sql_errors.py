@@ -16,6 +16,7 @@ from pgcounters import (
     InvalidArgument,
     InvalidCounterDefinition,
     InvalidCounterName,
+    InvalidDelta,
     NamedTarget,
     PgCountersError,
     triggers,
@@ -163,3 +164,11 @@ def test_a_negative_or_missing_count_is_refused_with_pct01(conn: Conn) -> None:
         refused = _refused(conn, statement)
         assert refused.sqlstate == "PCT01", statement
         assert type(translate(refused)) is InvalidArgument
+
+
+def test_a_decimal_with_too_many_places_is_refused_with_pc021(conn: Conn) -> None:
+    conn.execute("SELECT pgcounters.ensure_decimal_target(2, 'price', '{bigint}', 'queued')")
+    refused = _refused(conn, "SELECT pgcounters.incr_decimal('price', '{1}', 1.005)")
+    assert refused.sqlstate == "PC021"
+    assert type(translate(refused)) is InvalidDelta
+    assert conn.execute("SELECT count(*) FROM pgcounters.queue").fetchone() == (0,)

@@ -37,6 +37,8 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PCC01": errors.CounterColumnWrite,
     "PCB01": errors.CounterBackfilling,
     "PC020": errors.CounterBroken,
+    # a decimal with more decimal places than its counter's, or out of its range
+    "PC021": errors.InvalidDelta,
     # a range of periods that is not one (counters per period)
     "PCT01": errors.InvalidArgument,
     # hot standbys (subclass R)
