@@ -81,7 +81,7 @@ LANGUAGE plproxy AS $$
     SELECT c.key AS key, c.value AS value
       FROM pgcounters.counters AS c JOIN pgcounters.targets AS t ON t.id = c.target_id
      WHERE t.name = p_name
-       AND pgcounters._kept(c.key, (SELECT pgcounters._first_kept(x.id)
+       AND pgcounters._kept(c.key[cardinality(c.key)], (SELECT pgcounters._first_kept(x.id)
                                       FROM pgcounters.targets AS x WHERE x.name = p_name))
      ORDER BY c.band DESC, c.value DESC, c.key COLLATE "C"
      LIMIT p_n;

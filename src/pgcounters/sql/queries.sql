@@ -196,8 +196,8 @@ SELECT CASE (SELECT b.name IS NOT NULL
                LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
               WHERE g.id = %(t)s)
             WHEN true THEN pgcounters._backfilling(%(t)s)
-            WHEN false THEN CASE WHEN pgcounters._kept(%(k)s::text[],
-                                                       (SELECT pgcounters._first_kept(%(t)s)))
+            WHEN false THEN CASE WHEN pgcounters._kept(
+                (%(k)s::text[])[cardinality(%(k)s::text[])], (SELECT pgcounters._first_kept(%(t)s)))
             THEN
        (coalesce((SELECT value FROM pgcounters.counters
                    WHERE target_id = %(t)s AND key = %(k)s), 0)
@@ -216,8 +216,8 @@ SELECT CASE (SELECT b.name IS NOT NULL
                LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
               WHERE g.id = %(t)s)
             WHEN true THEN pgcounters._backfilling(%(t)s)
-            WHEN false THEN CASE WHEN pgcounters._kept(%(k)s::text[],
-                                                       (SELECT pgcounters._first_kept(%(t)s)))
+            WHEN false THEN CASE WHEN pgcounters._kept(
+                (%(k)s::text[])[cardinality(%(k)s::text[])], (SELECT pgcounters._first_kept(%(t)s)))
             THEN
        (coalesce((SELECT value FROM pgcounters.counters
                    WHERE target_id = %(t)s AND key = %(k)s), 0)
@@ -231,7 +231,8 @@ SELECT CASE (SELECT b.name IS NOT NULL
 SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s)
             THEN coalesce((SELECT value FROM pgcounters.counters
                             WHERE target_id = %(t)s AND key = %(k)s
-                              AND pgcounters._kept(key, (SELECT pgcounters._first_kept(%(t)s)))),
+                              AND pgcounters._kept(key[cardinality(key)],
+                                                   (SELECT pgcounters._first_kept(%(t)s)))),
                           0) END;
 
 -- name: exact_column
@@ -278,15 +279,16 @@ SELECT w.ord,
                LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
               WHERE g.id = %(t)s)
             WHEN true THEN pgcounters._backfilling(%(t)s)
-            WHEN false THEN CASE WHEN pgcounters._kept(w.key, h.first_kept) THEN
+            WHEN false THEN CASE WHEN pgcounters._kept(e.k ->> -1,  -- the key's period
+                                                       (SELECT pgcounters._first_kept(%(t)s)))
+            THEN
        (coalesce(c.value, 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
             ELSE 0 END END
-  FROM (SELECT pgcounters._first_kept(%(t)s) AS first_kept) AS h
- CROSS JOIN jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
+  FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
                             ORDER BY i) AS key) AS w
@@ -300,13 +302,14 @@ SELECT w.ord,
                LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
               WHERE g.id = %(t)s)
             WHEN true THEN pgcounters._backfilling(%(t)s)
-            WHEN false THEN CASE WHEN pgcounters._kept(w.key, h.first_kept) THEN
+            WHEN false THEN CASE WHEN pgcounters._kept(e.k ->> -1,  -- the key's period
+                                                       (SELECT pgcounters._first_kept(%(t)s)))
+            THEN
        (coalesce(c.value, 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
             ELSE 0 END END
-  FROM (SELECT pgcounters._first_kept(%(t)s) AS first_kept) AS h
- CROSS JOIN jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
+  FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
                             ORDER BY i) AS key) AS w
@@ -316,10 +319,10 @@ SELECT w.ord,
 -- the stored values of several keys of a named counter, in the order asked (NULL when the
 -- counter no longer exists)
 SELECT w.ord, CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s)
-                   THEN CASE WHEN pgcounters._kept(w.key, h.first_kept)
+                   THEN CASE WHEN pgcounters._kept(e.k ->> -1,  -- the key's period
+                                                  (SELECT pgcounters._first_kept(%(t)s)))
                              THEN coalesce(c.value, 0) ELSE 0 END END
-  FROM (SELECT pgcounters._first_kept(%(t)s) AS first_kept) AS h
- CROSS JOIN jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
+  FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
                             ORDER BY i) AS key) AS w
@@ -335,7 +338,7 @@ SELECT w.ord, CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id
 SELECT key, value
   FROM pgcounters.counters
  WHERE target_id = %(t)s
-   AND pgcounters._kept(key, (SELECT pgcounters._first_kept(%(t)s)))
+   AND pgcounters._kept(key[cardinality(key)], (SELECT pgcounters._first_kept(%(t)s)))
  ORDER BY band DESC, value DESC, key COLLATE "C"
  LIMIT %(n)s;
 

@@ -167,7 +167,8 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF p_name IS NULL OR p_name !~ '^[A-Za-z_][A-Za-z0-9_.:/-]{0,199}$' THEN
         RAISE EXCEPTION 'invalid counter name %: a letter or _ first, then letters, digits '
-                        'and _ . : / -, at most 200 characters', coalesce(quote_literal(p_name), 'NULL')
+                        'and _ . : / -, at most 200 characters',
+            coalesce(quote_literal(p_name), 'NULL')
             USING ERRCODE = 'PC007';
     END IF;
     IF p_key_types IS NULL OR array_ndims(p_key_types) > 1
@@ -798,7 +799,8 @@ BEGIN
             SELECT c.key, pgcounters.unscaled(c.value, coalesce(t.scale, 0))
               FROM pgcounters.counters AS c
              WHERE c.target_id = t.id
-               AND pgcounters._kept(c.key, (SELECT pgcounters._first_kept(t.id)))
+               AND pgcounters._kept(c.key[cardinality(c.key)],
+                                    (SELECT pgcounters._first_kept(t.id)))
              ORDER BY c.band DESC, c.value DESC, c.key COLLATE "C"
              LIMIT p_n;
     ELSE
@@ -1002,7 +1004,8 @@ BEGIN
     END IF;
     PERFORM pgcounters._backfilling(t.id);
     -- a period a counter per period no longer keeps reads 0, whatever is stored or queued
-    IF t.target_table IS NULL AND NOT pgcounters._kept(v_key, pgcounters._first_kept(t.id)) THEN
+    IF t.target_table IS NULL
+       AND NOT pgcounters._kept(v_key[cardinality(v_key)], pgcounters._first_kept(t.id)) THEN
         RETURN 0;
     END IF;
     IF t.target_table IS NULL THEN
@@ -3040,13 +3043,14 @@ BEGIN
 END;
 $$;
 
--- Whether a key is in the periods its counter keeps, p_first_kept being _first_kept of the
--- counter: its last part (the period) is the first period kept or a later one. A period's
--- key part is of fixed width, so its order as text in byte order is the order of time.
--- Every key is kept when p_first_kept is ''. Inlined by the planner.
-CREATE FUNCTION pgcounters._kept(p_key text[], p_first_kept text) RETURNS boolean
+-- Whether a key is in the periods its counter keeps: p_period is the key's last part (its
+-- period, NULL for the empty key), p_first_kept _first_kept of the counter. A period's key
+-- part is of fixed width, so its order as text in byte order is the order of time. Every
+-- key is kept when p_first_kept is ''. Each argument is used once: the planner inlines it
+-- whatever the caller passes.
+CREATE FUNCTION pgcounters._kept(p_period text, p_first_kept text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(p_key[cardinality(p_key)], '') COLLATE "C" >= p_first_kept COLLATE "C"
+    SELECT coalesce(p_period, '') COLLATE "C" >= p_first_kept COLLATE "C"
 $$;
 
 -- The periods of a counter counted per period, from its recorded spec: its
@@ -3313,7 +3317,7 @@ BEGIN
                 SELECT (q.key::text[])[v_part], q.delta FROM pgcounters.queue_unlogged AS q
                  WHERE q.target_id = p_target AND q.key BETWEEN v_low::text AND v_high::text
                    AND starts_with(q.key, v_head)) AS u
-             WHERE pgcounters._kept(ARRAY[u.b], v_first_kept)
+             WHERE pgcounters._kept(u.b, v_first_kept)
              GROUP BY u.b;
     ELSIF (SELECT t.mode FROM pgcounters.targets AS t WHERE t.id = p_target) = 'unlogged' THEN
         RAISE EXCEPTION 'counter % is unlogged: its pending deltas exist only on the primary, '
@@ -3328,7 +3332,7 @@ BEGIN
                 SELECT (q.key::text[])[v_part], q.delta FROM pgcounters.queue AS q
                  WHERE q.target_id = p_target AND q.key BETWEEN v_low::text AND v_high::text
                    AND starts_with(q.key, v_head)) AS u
-             WHERE pgcounters._kept(ARRAY[u.b], v_first_kept)
+             WHERE pgcounters._kept(u.b, v_first_kept)
              GROUP BY u.b;
     END IF;
 END;
@@ -3358,7 +3362,7 @@ BEGIN
     END IF;
     -- the periods no longer kept are left out: the range starts at the first kept
     v_first_kept := pgcounters._first_kept(p_target);
-    IF NOT pgcounters._kept(ARRAY[p_first], v_first_kept) THEN
+    IF NOT pgcounters._kept(p_first, v_first_kept) THEN
         v_low := p_key || v_first_kept;
     END IF;
     IF NOT pg_is_in_recovery() THEN
@@ -3423,7 +3427,7 @@ BEGIN
          WHERE c.target_id = s.id
            AND c.key IN (SELECT x.key FROM pgcounters.counters AS x
                           WHERE x.target_id = s.id
-                            AND NOT pgcounters._kept(x.key, v_first)
+                            AND NOT pgcounters._kept(x.key[cardinality(x.key)], v_first)
                           ORDER BY x.key LIMIT v_left FOR UPDATE SKIP LOCKED);
         GET DIAGNOSTICS v_done = ROW_COUNT;
         v_left := v_left - v_done;
@@ -4493,7 +4497,7 @@ LANGUAGE sql AS $$
             ' pgcounters.top_range(text, timestamptz, timestamptz, bigint),'
             ' pgcounters._range_values(integer, text, jsonb, text[], text, text),'
             ' pgcounters._range_sum(integer, text, jsonb, text[], text, text),'
-            ' pgcounters._first_kept(integer), pgcounters._kept(text[], text) TO %I'])
+            ' pgcounters._first_kept(integer), pgcounters._kept(text, text) TO %I'])
 $$;
 
 CREATE FUNCTION pgcounters._grant_worker_buckets(p_role text) RETURNS text[]
