@@ -703,7 +703,9 @@ class _CounterPlans:
         """The ``n`` keys with the highest stored values, highest first.
 
         Ranks by stored value (an index scan); deltas not yet drained are not
-        included, so drain often when ranking matters.
+        included, so drain often when ranking matters. Ties are in the order of the
+        key's parts as text (byte order); a counter per period leaves out the periods
+        it no longer keeps.
         """
         counter = yield from self._integer(name)
         return (yield from self._top_units(counter, n))
