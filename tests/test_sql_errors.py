@@ -84,6 +84,10 @@ def test_create_column_counter_refuses_a_bad_name_or_mode_with_its_own_code(conn
         assert refused.sqlstate == sqlstate, (name, mode)
     refused = _refused(conn, "SELECT pgcounters.create_column_counter('p', NULL, 'likes')")
     assert refused.sqlstate == "PC002"
+    # a table that does not exist fails at the cast of the argument, before the call
+    refused = _refused(conn, "SELECT pgcounters.create_column_counter('p', 'nosuch', 'likes')")
+    assert refused.sqlstate == "42P01"
+    assert type(translate(refused)) is InvalidCounterDefinition
     assert _counters(conn) == []
     # a good one is made
     conn.execute("SELECT pgcounters.create_column_counter('post.likes', 'post', 'likes')")
