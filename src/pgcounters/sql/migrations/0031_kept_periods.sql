@@ -106,6 +106,7 @@ BEGIN
 END;
 $$;
 
+-- create_counter: the definition checked first (version 1's body otherwise).
 CREATE OR REPLACE FUNCTION pgcounters.create_counter(
     p_name text,
     p_key_types text[] DEFAULT '{}',
@@ -139,6 +140,7 @@ BEGIN
 END;
 $$;
 
+-- create_column_counter: the name and mode checked first, a NULL table refused.
 CREATE OR REPLACE FUNCTION pgcounters.create_column_counter(
     p_name text,
     p_table regclass,
@@ -219,6 +221,7 @@ BEGIN
 END;
 $$;
 
+-- add_direct: each upsert adds through _added (PC008 naming the counter and key).
 CREATE OR REPLACE FUNCTION pgcounters.add_direct(p_targets integer[], p_keys text[], p_deltas bigint[])
 RETURNS bigint
 LANGUAGE plpgsql
@@ -320,6 +323,7 @@ BEGIN
 END;
 $$;
 
+-- _exact_units (get, get_many, get_decimal): 0 for a period no longer kept.
 CREATE OR REPLACE FUNCTION pgcounters._exact_units(t pgcounters.targets, p_key text[]) RETURNS numeric
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -358,6 +362,7 @@ BEGIN
 END;
 $$;
 
+-- top: the periods no longer kept left out, ties in byte order, PCT01.
 CREATE OR REPLACE FUNCTION pgcounters.top(p_name text, p_n bigint DEFAULT 10)
 RETURNS TABLE (key text[], value numeric)
 LANGUAGE plpgsql STABLE AS $$
@@ -389,6 +394,7 @@ BEGIN
 END;
 $$;
 
+-- top_range: ties in byte order, PCT01.
 CREATE OR REPLACE FUNCTION pgcounters.top_range(p_name text, p_from timestamptz, p_to timestamptz,
     p_n bigint DEFAULT 10)
 RETURNS TABLE (key text[], value bigint)
@@ -444,6 +450,7 @@ BEGIN
 END;
 $$;
 
+-- _range_values and _range_sum: the first period kept from _first_kept, tested by _kept.
 CREATE OR REPLACE FUNCTION pgcounters._range_values(p_target integer, p_name text, p_bucket jsonb,
     p_key text[], p_first text, p_last text)
 RETURNS TABLE (bucket text, value bigint)
@@ -553,6 +560,7 @@ BEGIN
 END;
 $$;
 
+-- drop_expired_buckets: the values that _kept says are not kept; PCT01.
 CREATE OR REPLACE FUNCTION pgcounters.drop_expired_buckets(p_limit integer DEFAULT 10000) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -589,6 +597,7 @@ BEGIN
 END;
 $$;
 
+-- The application's rights on counters per period, with the two functions of the window.
 CREATE OR REPLACE FUNCTION pgcounters._grant_app_buckets(p_role text) RETURNS text[]
 LANGUAGE sql AS $$
     SELECT pgcounters._for_role(p_role, ARRAY[
