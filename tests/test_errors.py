@@ -40,8 +40,12 @@ def test_invalid_counter_names(pc: Counters, name: Any) -> None:
 
 
 def test_the_database_enforces_names_too(conn: Conn, pc: Counters) -> None:
-    with pytest.raises(psycopg.errors.CheckViolation):
+    # the SQL entry point refuses it with pgcounters' own code, the table's check stays
+    with pytest.raises(psycopg.Error) as refused:
         conn.execute("SELECT pgcounters.create_counter('bad name')")
+    assert refused.value.sqlstate == "PC007"
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO pgcounters.targets (name) VALUES ('bad name')")
     assert pc.counters() == []
 
 

@@ -167,8 +167,9 @@ def test_top_has_the_order_of_the_python_client(conn: Conn) -> None:
         rows = conn.execute("SELECT key, value FROM pgcounters.top('ranked', %s)", (n,)).fetchall()
         assert [((int(k[0]),), int(v)) for k, v in rows] == pc.top("ranked", n)
     assert len(conn.execute("SELECT * FROM pgcounters.top('ranked')").fetchall()) == 10
-    with pytest.raises(psycopg.errors.InvalidParameterValue):
+    with pytest.raises(psycopg.Error) as negative:
         conn.execute("SELECT * FROM pgcounters.top('ranked', -1)")
+    assert negative.value.sqlstate == "PCT01"
     with pytest.raises(psycopg.Error) as unknown:
         conn.execute("SELECT * FROM pgcounters.top('no_such_counter', 3)")
     assert unknown.value.sqlstate == "PC003"

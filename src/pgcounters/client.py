@@ -32,6 +32,7 @@ from pgcounters.connection import Conn
 from pgcounters.dberrors import translate, translated
 from pgcounters.errors import (
     ConfigurationError,
+    CounterOverflow,
     DrainError,
     InvalidArgument,
     InvalidCounterDefinition,
@@ -463,12 +464,19 @@ class _CounterPlans:
             # an UPDATE when the row exists (one statement, like the naive way);
             # the first increment of a key creates it with the upsert
             params = {"delta": delta, "target": counter.id, "key": array_literal(encoded)}
-            row = yield Execute(query("direct_named_update"), params, "one")
-            if row is None:
-                row = yield Execute(query("direct_named"), params, "one")
-                if row is None:  # the counter was dropped since this client looked it up
-                    fresh = yield from self._looked_up_again(counter, again)
-                    return (yield from self._incr_units(fresh, key, delta, again=False))
+            try:
+                row = yield Execute(query("direct_named_update"), params, "one")
+                if row is None:
+                    row = yield Execute(query("direct_named"), params, "one")
+            except psycopg.errors.NumericValueOutOfRange as exc:
+                # named, as add_direct names it (SQLSTATE PC008)
+                raise CounterOverflow(
+                    f"counter {counter.name} key {array_literal(encoded)}: a change of "
+                    f"{delta} leaves the range of its values (bigint)"
+                ) from exc
+            if row is None:  # the counter was dropped since this client looked it up
+                fresh = yield from self._looked_up_again(counter, again)
+                return (yield from self._incr_units(fresh, key, delta, again=False))
         else:
             # through a SECURITY DEFINER function: a least-privilege role needs
             # no write right on pgcounters.counters (migration 0006)
@@ -695,7 +703,9 @@ class _CounterPlans:
         """The ``n`` keys with the highest stored values, highest first.
 
         Ranks by stored value (an index scan); deltas not yet drained are not
-        included, so drain often when ranking matters.
+        included, so drain often when ranking matters. Ties are in the order of the
+        key's parts as text (byte order); a counter per period leaves out the periods
+        it no longer keeps.
         """
         counter = yield from self._integer(name)
         return (yield from self._top_units(counter, n))

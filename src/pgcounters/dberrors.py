@@ -18,6 +18,10 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PC003": errors.UnknownCounter,
     "PC004": errors.InvalidKey,
     "PC005": errors.DrainError,
+    # a counter name that is not one (create_counter, create_column_counter)
+    "PC007": errors.InvalidCounterName,
+    # a direct counter's value would leave the bigint range (the message names it)
+    "PC008": errors.CounterOverflow,
     # a large batch refused the careful path (the drain takes smaller batches)
     "PC022": errors.DrainError,
     # quotas (subclass Q)
@@ -33,6 +37,8 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PCC01": errors.CounterColumnWrite,
     "PCB01": errors.CounterBackfilling,
     "PC020": errors.CounterBroken,
+    # a decimal with more decimal places than its counter's, or out of its range
+    "PC021": errors.InvalidDelta,
     # a range of periods that is not one (counters per period)
     "PCT01": errors.InvalidArgument,
     # hot standbys (subclass R)

@@ -81,7 +81,9 @@ LANGUAGE plproxy AS $$
     SELECT c.key AS key, c.value AS value
       FROM pgcounters.counters AS c JOIN pgcounters.targets AS t ON t.id = c.target_id
      WHERE t.name = p_name
-     ORDER BY c.band DESC, c.value DESC, c.key
+       AND pgcounters._kept(c.key[cardinality(c.key)], (SELECT pgcounters._first_kept(x.id)
+                                      FROM pgcounters.targets AS x WHERE x.name = p_name))
+     ORDER BY c.band DESC, c.value DESC, c.key COLLATE "C"
      LIMIT p_n;
 $$;
 
@@ -296,7 +298,7 @@ CREATE OR REPLACE FUNCTION pgcounters_proxy.top(p_name text, p_n bigint DEFAULT 
 RETURNS TABLE (key text[], value bigint)
 LANGUAGE sql AS $$
     SELECT t.key, t.value FROM pgcounters_proxy._top(p_name, p_n) AS t
-     ORDER BY t.value DESC, t.key
+     ORDER BY t.value DESC, t.key COLLATE "C"
      LIMIT p_n
 $$;
 

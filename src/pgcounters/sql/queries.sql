@@ -189,19 +189,23 @@ SELECT pgcounters.note_direct(%(target)s, ARRAY[%(key)s::text]);
 -- name: exact_named
 -- the exact value of one key of a named counter: stored + pending, from one snapshot
 -- (refused while the counter is backfilled: pgcounters._backfilling; NULL when the
--- counter no longer exists: one lookup of the target answers both)
+-- counter no longer exists: one lookup of the target answers both); 0 for a period the
+-- counter no longer keeps (pgcounters._kept)
 SELECT CASE (SELECT b.name IS NOT NULL
                FROM pgcounters.targets AS g
                LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
               WHERE g.id = %(t)s)
             WHEN true THEN pgcounters._backfilling(%(t)s)
-            WHEN false THEN
+            WHEN false THEN CASE WHEN pgcounters._kept(
+                (%(k)s::text[])[cardinality(%(k)s::text[])], (SELECT pgcounters._first_kept(%(t)s)))
+            THEN
        (coalesce((SELECT value FROM pgcounters.counters
                    WHERE target_id = %(t)s AND key = %(k)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
                    WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged
-                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint
+            ELSE 0 END END;
 
 -- name: exact_named_logged
 -- on a hot standby: the logged queue only (a standby cannot plan a statement
@@ -212,18 +216,24 @@ SELECT CASE (SELECT b.name IS NOT NULL
                LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
               WHERE g.id = %(t)s)
             WHEN true THEN pgcounters._backfilling(%(t)s)
-            WHEN false THEN
+            WHEN false THEN CASE WHEN pgcounters._kept(
+                (%(k)s::text[])[cardinality(%(k)s::text[])], (SELECT pgcounters._first_kept(%(t)s)))
+            THEN
        (coalesce((SELECT value FROM pgcounters.counters
                    WHERE target_id = %(t)s AND key = %(k)s), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue
-                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint END;
+                   WHERE target_id = %(t)s AND key = %(k)s::text[]::text), 0))::bigint
+            ELSE 0 END END;
 
 -- name: stored_named
 -- the stored value of one key of a named counter (without pending deltas); NULL when the
 -- counter no longer exists
 SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s)
             THEN coalesce((SELECT value FROM pgcounters.counters
-                            WHERE target_id = %(t)s AND key = %(k)s), 0) END;
+                            WHERE target_id = %(t)s AND key = %(k)s
+                              AND pgcounters._kept(key[cardinality(key)],
+                                                   (SELECT pgcounters._first_kept(%(t)s)))),
+                          0) END;
 
 -- name: exact_column
 -- the exact value of one row of a column counter: stored + pending, from one snapshot
@@ -269,12 +279,15 @@ SELECT w.ord,
                LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
               WHERE g.id = %(t)s)
             WHEN true THEN pgcounters._backfilling(%(t)s)
-            WHEN false THEN
+            WHEN false THEN CASE WHEN pgcounters._kept(e.k ->> -1,  -- the key's period
+                                                       (SELECT pgcounters._first_kept(%(t)s)))
+            THEN
        (coalesce(c.value, 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged q
-                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint END
+                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
+            ELSE 0 END END
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
@@ -289,10 +302,13 @@ SELECT w.ord,
                LEFT JOIN pgcounters.backfills AS b ON b.name = g.name
               WHERE g.id = %(t)s)
             WHEN true THEN pgcounters._backfilling(%(t)s)
-            WHEN false THEN
+            WHEN false THEN CASE WHEN pgcounters._kept(e.k ->> -1,  -- the key's period
+                                                       (SELECT pgcounters._first_kept(%(t)s)))
+            THEN
        (coalesce(c.value, 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
-                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint END
+                   WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
+            ELSE 0 END END
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
@@ -303,7 +319,9 @@ SELECT w.ord,
 -- the stored values of several keys of a named counter, in the order asked (NULL when the
 -- counter no longer exists)
 SELECT w.ord, CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s)
-                   THEN coalesce(c.value, 0) END
+                   THEN CASE WHEN pgcounters._kept(e.k ->> -1,  -- the key's period
+                                                  (SELECT pgcounters._first_kept(%(t)s)))
+                             THEN coalesce(c.value, 0) ELSE 0 END END
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
@@ -315,11 +333,13 @@ SELECT w.ord, CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id
 -- caller tells an empty counter from a dropped one with target_exists)
 -- The band is monotonic in the value, so this order is ORDER BY value DESC, key;
 -- the index (target_id, band DESC) gives the bands from the top, an incremental
--- sort orders each band, and the scan stops after the band holding the n-th row.
+-- sort orders each band, and the scan stops after the band holding the n-th row. Ties
+-- in the order of the key's parts as text, byte order; periods no longer kept left out.
 SELECT key, value
   FROM pgcounters.counters
  WHERE target_id = %(t)s
- ORDER BY band DESC, value DESC, key
+   AND pgcounters._kept(key[cardinality(key)], (SELECT pgcounters._first_kept(%(t)s)))
+ ORDER BY band DESC, value DESC, key COLLATE "C"
  LIMIT %(n)s;
 
 -- name: target_exists

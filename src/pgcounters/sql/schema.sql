@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 30
+-- version: 31
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -158,6 +158,34 @@ CREATE TRIGGER targets_remember_dropped AFTER DELETE ON pgcounters.targets
 -- Declaring counters
 -- =============================================================================
 
+-- Refuse a counter's definition before it is written: a name that is not one (PC007), key
+-- types or a mode pgcounters does not know (PC002). The checks of pgcounters.targets,
+-- with pgcounters' own errors.
+CREATE FUNCTION pgcounters._check_definition(p_name text, p_key_types text[], p_mode text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[A-Za-z_][A-Za-z0-9_.:/-]{0,199}$' THEN
+        RAISE EXCEPTION 'invalid counter name %: a letter or _ first, then letters, digits '
+                        'and _ . : / -, at most 200 characters',
+            coalesce(quote_literal(p_name), 'NULL')
+            USING ERRCODE = 'PC007';
+    END IF;
+    IF p_key_types IS NULL OR array_ndims(p_key_types) > 1
+       OR NOT p_key_types <@ ARRAY['bigint', 'uuid', 'text', 'date']
+       OR array_position(p_key_types, NULL) IS NOT NULL OR cardinality(p_key_types) > 8 THEN
+        RAISE EXCEPTION 'counter %: key types are at most 8 of bigint, uuid, text and date, got %',
+            p_name, coalesce(p_key_types::text, 'NULL')
+            USING ERRCODE = 'PC002';
+    END IF;
+    IF p_mode IS NULL OR p_mode NOT IN ('queued', 'unlogged', 'direct') THEN
+        RAISE EXCEPTION 'counter %: the mode is queued, unlogged or direct, got %',
+            p_name, coalesce(quote_literal(p_mode), 'NULL')
+            USING ERRCODE = 'PC002';
+    END IF;
+END;
+$$;
+
 -- Declare a named counter. Idempotent for an identical declaration; a different
 -- declaration under an existing name is an error (SQLSTATE PC001).
 CREATE FUNCTION pgcounters.create_counter(
@@ -170,6 +198,7 @@ DECLARE
     v_existing pgcounters.targets;
     v_id integer;
 BEGIN
+    PERFORM pgcounters._check_definition(p_name, p_key_types, p_mode);
     SELECT * INTO v_existing FROM pgcounters.targets WHERE name = p_name;
     IF FOUND THEN
         IF v_existing.key_types IS DISTINCT FROM p_key_types
@@ -211,6 +240,11 @@ DECLARE
     v_existing pgcounters.targets;
     v_id integer;
 BEGIN
+    PERFORM pgcounters._check_definition(p_name, '{}', p_mode);
+    IF p_table IS NULL THEN
+        RAISE EXCEPTION 'counter %: a counter column needs its table, got NULL', p_name
+            USING ERRCODE = 'PC002';
+    END IF;
     SELECT n.nspname, c.relname INTO v_schema, v_table
       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
      WHERE c.oid = p_table;
@@ -591,6 +625,32 @@ BEGIN
 END;
 $$;
 
+-- Refuse (PC008) a change of a counter that would leave the bigint range.
+CREATE FUNCTION pgcounters._overflow(p_target integer, p_key text[], p_value bigint,
+    p_delta bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RAISE EXCEPTION 'counter % key %: % + % leaves the range of its values (bigint)',
+        coalesce((SELECT t.name FROM pgcounters.targets AS t WHERE t.id = p_target),
+                 '#' || p_target), p_key, p_value, p_delta
+        USING ERRCODE = 'PC008';
+END;
+$$;
+
+-- The new value of a stored value of a named counter after a delta; one outside the bigint
+-- range is refused (PC008, _overflow) naming the counter and the key. Inlined by the
+-- planner: _overflow runs only for such a sum.
+CREATE FUNCTION pgcounters._added(p_value bigint, p_delta bigint, p_target integer,
+    p_key text[])
+RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN (p_delta > 0 AND p_value > 9223372036854775807 - p_delta)
+                  OR (p_delta < 0 AND p_value < (-9223372036854775807 - 1) - p_delta)
+                THEN pgcounters._overflow(p_target, p_key, p_value, p_delta)
+                ELSE p_value + p_delta END
+$$;
+
 -- Add deltas to named counters in direct mode: p_targets[i] gets p_deltas[i]
 -- under key p_keys[i] (canonical keys come out unchanged). Rows are applied summed
 -- per (target, key), in (target, key) order, so two callers cannot deadlock.
@@ -625,7 +685,8 @@ BEGIN
         IF v_target.key_types = '{bigint}' AND p_deltas[1] IS NOT NULL THEN
             INSERT INTO pgcounters.counters AS c (target_id, key, value)
             VALUES (v_target.id, p_keys[1]::text[], p_deltas[1])
-            ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
+            ON CONFLICT (target_id, key)
+            DO UPDATE SET value = pgcounters._added(c.value, excluded.value, c.target_id, c.key)
             RETURNING c.value INTO v_value;
             IF p_deltas[1] <> 0 AND pgcounters._direct_listened() THEN
                 INSERT INTO pgcounters.direct_changes (target_id, keys)
@@ -661,7 +722,8 @@ BEGIN
         END IF;
         INSERT INTO pgcounters.counters AS c (target_id, key, value)
         VALUES (v_target.id, v_keys[1]::text[], p_deltas[1])
-        ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
+        ON CONFLICT (target_id, key)
+            DO UPDATE SET value = pgcounters._added(c.value, excluded.value, c.target_id, c.key)
         RETURNING c.value INTO v_value;
         IF p_deltas[1] <> 0 AND pgcounters._direct_listened() THEN
             INSERT INTO pgcounters.direct_changes (target_id, keys) VALUES (v_target.id, v_keys);
@@ -677,7 +739,8 @@ BEGIN
         SELECT s.target_id, s.key, s.delta FROM summed AS s
          WHERE s.delta IS NOT NULL
          ORDER BY s.target_id, s.key
-        ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
+        ON CONFLICT (target_id, key)
+            DO UPDATE SET value = pgcounters._added(c.value, excluded.value, c.target_id, c.key)
         RETURNING c.target_id, c.key, c.value
     )
     SELECT a.value INTO v_value FROM applied AS a ORDER BY a.target_id DESC, a.key DESC LIMIT 1;
@@ -727,16 +790,18 @@ DECLARE
 BEGIN
     IF p_n IS NULL OR p_n < 0 THEN
         RAISE EXCEPTION 'n must be zero or more, got %', coalesce(p_n::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
+            USING ERRCODE = 'PCT01';
     END IF;
     IF t.target_table IS NULL THEN
         -- the band is monotonic in the value: this is ORDER BY value DESC, key,
-        -- read from the index on (target_id, band DESC)
+        -- read from the index on (target_id, band DESC); periods no longer kept left out
         RETURN QUERY
             SELECT c.key, pgcounters.unscaled(c.value, coalesce(t.scale, 0))
               FROM pgcounters.counters AS c
              WHERE c.target_id = t.id
-             ORDER BY c.band DESC, c.value DESC, c.key
+               AND pgcounters._kept(c.key[cardinality(c.key)],
+                                    (SELECT pgcounters._first_kept(t.id)))
+             ORDER BY c.band DESC, c.value DESC, c.key COLLATE "C"
              LIMIT p_n;
     ELSE
         RETURN QUERY EXECUTE format(
@@ -938,6 +1003,11 @@ BEGIN
             USING ERRCODE = 'PCR01';
     END IF;
     PERFORM pgcounters._backfilling(t.id);
+    -- a period a counter per period no longer keeps reads 0, whatever is stored or queued
+    IF t.target_table IS NULL
+       AND NOT pgcounters._kept(v_key[cardinality(v_key)], pgcounters._first_kept(t.id)) THEN
+        RETURN 0;
+    END IF;
     IF t.target_table IS NULL THEN
         SELECT value INTO v_stored FROM pgcounters.counters WHERE target_id = t.id AND key = v_key;
     ELSE
@@ -2952,6 +3022,37 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                             now()) AS now) AS c
 $$;
 
+-- The key part of the first period a counter keeps when it counts per period and keeps a
+-- number of periods (its recorded spec's keep): the period of the clock (the setting
+-- pgcounters.now when set, else now()) and the keep - 1 before it. '' for every other
+-- counter: every key of it is kept. Read with _kept.
+CREATE FUNCTION pgcounters._first_kept(p_target integer) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_def jsonb;
+BEGIN
+    SELECT s.definition -> 'bucket' INTO v_def
+      FROM pgcounters.targets AS t JOIN pgcounters.specs AS s ON s.name = t.name
+     WHERE t.id = p_target;
+    IF jsonb_typeof(v_def -> 'keep') IS DISTINCT FROM 'number' THEN
+        RETURN '';
+    END IF;
+    RETURN pgcounters.bucket_text(v_def ->> 'period', v_def ->> 'time_zone',
+               pgcounters.bucket_horizon(v_def ->> 'period', v_def ->> 'time_zone',
+                                         (v_def ->> 'keep')::integer));
+END;
+$$;
+
+-- Whether a key is in the periods its counter keeps: p_period is the key's last part (its
+-- period, NULL for the empty key), p_first_kept _first_kept of the counter. A period's key
+-- part is of fixed width, so its order as text in byte order is the order of time. Every
+-- key is kept when p_first_kept is ''. Each argument is used once: the planner inlines it
+-- whatever the caller passes.
+CREATE FUNCTION pgcounters._kept(p_period text, p_first_kept text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(p_period, '') COLLATE "C" >= p_first_kept COLLATE "C"
+$$;
+
 -- The periods of a counter counted per period, from its recorded spec: its
 -- period, zone and kept periods (NULL: all), the first period kept. Refused
 -- (PC003) for an unknown counter, (PC002) for one not counted per period.
@@ -3132,7 +3233,7 @@ BEGIN
     PERFORM pgcounters._check_range(v_period, p_from, p_to);
     IF p_n IS NULL OR p_n < 0 THEN
         RAISE EXCEPTION 'n must be zero or more, got %', coalesce(p_n::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
+            USING ERRCODE = 'PCT01';
     END IF;
     PERFORM pgcounters._backfilling(v_target.id);
     v_buckets := ARRAY(SELECT x.bucket FROM pgcounters.bucket_periods(v_period, v_zone,
@@ -3149,7 +3250,7 @@ BEGIN
                 SELECT q.key::text[], q.delta FROM pgcounters.queue AS q
                  WHERE q.target_id = v_target.id
                    AND (q.key::text[])[v_part] = ANY (v_buckets)) AS u
-             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT p_n;
+             GROUP BY 1 ORDER BY 2 DESC, u.k[1:v_part - 1] COLLATE "C" LIMIT p_n;
     ELSE
         RETURN QUERY
             SELECT u.k[1:v_part - 1], sum(u.v)::bigint FROM (
@@ -3163,7 +3264,7 @@ BEGIN
                 SELECT q.key::text[], q.delta FROM pgcounters.queue_unlogged AS q
                  WHERE q.target_id = v_target.id
                    AND (q.key::text[])[v_part] = ANY (v_buckets)) AS u
-             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT p_n;
+             GROUP BY 1 ORDER BY 2 DESC, u.k[1:v_part - 1] COLLATE "C" LIMIT p_n;
     END IF;
 END;
 $$;
@@ -3187,7 +3288,7 @@ RETURNS TABLE (bucket text, value bigint)
 LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_def jsonb;
-    v_horizon text := '';
+    v_first_kept text;
     v_head text := rtrim((p_key || '{x}'::text[])::text, 'x}');
     v_low text[] := p_key || p_first;
     v_high text[] := p_key || p_last;
@@ -3202,11 +3303,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pgcounters.backfills AS f WHERE f.name = p_name) THEN
         PERFORM pgcounters._backfilling(p_target);
     END IF;
-    IF v_def ->> 'keep' IS NOT NULL THEN
-        v_horizon := pgcounters.bucket_text(v_def ->> 'period', v_def ->> 'time_zone',
-                         pgcounters.bucket_horizon(v_def ->> 'period', v_def ->> 'time_zone',
-                                                   (v_def ->> 'keep')::integer));
-    END IF;
+    v_first_kept := pgcounters._first_kept(p_target);
     IF NOT pg_is_in_recovery() THEN
         RETURN QUERY
             SELECT u.b, sum(u.v)::bigint FROM (
@@ -3220,7 +3317,7 @@ BEGIN
                 SELECT (q.key::text[])[v_part], q.delta FROM pgcounters.queue_unlogged AS q
                  WHERE q.target_id = p_target AND q.key BETWEEN v_low::text AND v_high::text
                    AND starts_with(q.key, v_head)) AS u
-             WHERE u.b COLLATE "C" >= v_horizon COLLATE "C"
+             WHERE pgcounters._kept(u.b, v_first_kept)
              GROUP BY u.b;
     ELSIF (SELECT t.mode FROM pgcounters.targets AS t WHERE t.id = p_target) = 'unlogged' THEN
         RAISE EXCEPTION 'counter % is unlogged: its pending deltas exist only on the primary, '
@@ -3235,7 +3332,7 @@ BEGIN
                 SELECT (q.key::text[])[v_part], q.delta FROM pgcounters.queue AS q
                  WHERE q.target_id = p_target AND q.key BETWEEN v_low::text AND v_high::text
                    AND starts_with(q.key, v_head)) AS u
-             WHERE u.b COLLATE "C" >= v_horizon COLLATE "C"
+             WHERE pgcounters._kept(u.b, v_first_kept)
              GROUP BY u.b;
     END IF;
 END;
@@ -3250,7 +3347,7 @@ RETURNS bigint
 LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_def jsonb;
-    v_horizon text;
+    v_first_kept text;
     v_sum bigint;
     v_low text[] := p_key || p_first;
     v_high text[] := p_key || p_last;
@@ -3263,14 +3360,10 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pgcounters.backfills AS f WHERE f.name = p_name) THEN
         PERFORM pgcounters._backfilling(p_target);
     END IF;
-    IF v_def ->> 'keep' IS NOT NULL THEN
-        -- the periods no longer kept are left out: the range starts at the first kept
-        v_horizon := pgcounters.bucket_text(v_def ->> 'period', v_def ->> 'time_zone',
-                         pgcounters.bucket_horizon(v_def ->> 'period', v_def ->> 'time_zone',
-                                                   (v_def ->> 'keep')::integer));
-        IF v_horizon COLLATE "C" > p_first COLLATE "C" THEN
-            v_low := p_key || v_horizon;
-        END IF;
+    -- the periods no longer kept are left out: the range starts at the first kept
+    v_first_kept := pgcounters._first_kept(p_target);
+    IF NOT pgcounters._kept(p_first, v_first_kept) THEN
+        v_low := p_key || v_first_kept;
     END IF;
     IF NOT pg_is_in_recovery() THEN
         SELECT coalesce((SELECT sum(c.value) FROM pgcounters.counters AS c
@@ -3311,14 +3404,13 @@ CREATE FUNCTION pgcounters.drop_expired_buckets(p_limit integer DEFAULT 10000) R
 LANGUAGE plpgsql AS $$
 DECLARE
     s record;
-    v_part integer;
     v_first text;
     v_left bigint := p_limit;
     v_done bigint;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'limit must be a positive number of values, got %',
-            coalesce(p_limit::text, 'NULL') USING ERRCODE = 'invalid_parameter_value';
+            coalesce(p_limit::text, 'NULL') USING ERRCODE = 'PCT01';
     END IF;
     FOR s IN
         SELECT t.id, array_length(t.key_types, 1) AS parts,
@@ -3330,14 +3422,12 @@ BEGIN
          ORDER BY t.id
     LOOP
         EXIT WHEN v_left <= 0;
-        v_part := s.parts;
-        v_first := pgcounters.bucket_text(s.period, s.zone,
-                       pgcounters.bucket_horizon(s.period, s.zone, s.keep));
+        v_first := pgcounters._first_kept(s.id);
         DELETE FROM pgcounters.counters AS c
          WHERE c.target_id = s.id
            AND c.key IN (SELECT x.key FROM pgcounters.counters AS x
                           WHERE x.target_id = s.id
-                            AND x.key[v_part] COLLATE "C" < v_first COLLATE "C"
+                            AND NOT pgcounters._kept(x.key[cardinality(x.key)], v_first)
                           ORDER BY x.key LIMIT v_left FOR UPDATE SKIP LOCKED);
         GET DIAGNOSTICS v_done = ROW_COUNT;
         v_left := v_left - v_done;
@@ -4406,7 +4496,8 @@ LANGUAGE sql AS $$
             ' pgcounters.get_range(text, text[], timestamptz, timestamptz),'
             ' pgcounters.top_range(text, timestamptz, timestamptz, bigint),'
             ' pgcounters._range_values(integer, text, jsonb, text[], text, text),'
-            ' pgcounters._range_sum(integer, text, jsonb, text[], text, text) TO %I'])
+            ' pgcounters._range_sum(integer, text, jsonb, text[], text, text),'
+            ' pgcounters._first_kept(integer), pgcounters._kept(text, text) TO %I'])
 $$;
 
 CREATE FUNCTION pgcounters._grant_worker_buckets(p_role text) RETURNS text[]
