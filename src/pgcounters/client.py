@@ -224,6 +224,10 @@ class DrainResult:
         return self.deltas / self.seconds if self.seconds > 0 else 0.0
 
 
+def _names(counters: Iterable[Counter]) -> str:
+    return ", ".join(sorted({repr(c.name) for c in counters}))
+
+
 def _row_to_counter(row: Sequence[Any]) -> Counter:
     return Counter(
         id=row[0],
@@ -407,11 +411,21 @@ class _CounterPlans:
         """
         params = self._cached_queued(name, key, delta)
         if params is not None:
-            yield Execute(_ENQUEUE, params)
-            return None
+            if (yield Execute(_ENQUEUE, params, "rowcount")):
+                return None
+            self._forget(name, params[0])  # nothing written: the counter was dropped since
         counter = yield from self._integer(name)
         units = yield from self._incr_units(counter, key, check_delta(delta))
         return None if units is None else int(units)
+
+    def _forget(self, name: str, stale_id: int) -> None:
+        """Forget the cached declaration of ``name`` when it has the id ``stale_id``: the
+        statement of an increment wrote nothing, as that counter no longer exists (dropped,
+        maybe created again under its name; a new counter has a new id)."""
+        cached = self._cache.get(name)
+        if cached is not None and cached.id == stale_id:
+            self._cache.pop(name, None)
+            self._buckets.pop(name, None)
 
     def _cached_queued(self, name: str, key: object, delta: int) -> tuple[int, str, int] | None:
         """:meth:`_queued`, None when the cached declaration refuses the key: the plan then
@@ -454,7 +468,10 @@ class _CounterPlans:
         if counter.mode != "direct":
             # the hot path: one INSERT, the key sent as one array-literal parameter
             stmt = query("enqueue" if counter.mode == "queued" else "enqueue_unlogged")
-            yield Execute(stmt, (counter.id, array_literal(encoded), delta))
+            written = yield Execute(stmt, (counter.id, array_literal(encoded), delta), "rowcount")
+            if not written:  # the statement writes only for a counter that exists
+                fresh = yield from self._looked_up_again(counter, again)
+                return (yield from self._incr_units(fresh, key, delta, again=False))
             return None
         if counter.is_column:
             row = yield from self._applying(self._direct_column(counter, encoded[0], delta))
@@ -484,6 +501,27 @@ class _CounterPlans:
         before anything is written, so bad input writes nothing. Returns the
         number of distinct (counter, key) pairs written.
         """
+        items = list(items)
+        written, dropped = yield from self._incr_many_once(items)
+        if dropped:
+            # a cached declaration outlived its counter, and nothing was written: once
+            # more with the declarations as they are now (a name no longer declared raises
+            # UnknownCounter)
+            for counter in dropped:
+                self._forget(counter.name, counter.id)
+            written, dropped = yield from self._incr_many_once(items)
+            if dropped:
+                raise UnknownCounter(
+                    f"counter(s) {_names(dropped)} dropped while incr_many wrote: nothing "
+                    "was written"
+                )
+        return written
+
+    def _incr_many_once(
+        self, items: list[tuple[str, object, int | Decimal]]
+    ) -> Plan[tuple[int, list[Counter]]]:
+        """:meth:`_incr_many` with the declarations cached: the pairs written, and the
+        cached counters that no longer exist when it found some (nothing written then)."""
         # netted per (counter id, key): hashing ints and strings, not Counter objects
         netted: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
         by_id: dict[int, Counter] = {}
@@ -511,11 +549,20 @@ class _CounterPlans:
             )
             by_kind[kind].append((counter, encoded, total))
         if not by_kind:
-            return 0
+            return 0, []
         single = len(by_kind) == 1 and all(
             k != "direct_column" and len(r) <= _MAX_ROWS_PER_STATEMENT for k, r in by_kind.items()
         )
         writes_counters = "direct" in by_kind and (yield from self._writes_counters())
+        if not single:
+            # several statements: check first that every counter exists (one statement
+            # finding a counter gone after others wrote could not start over)
+            ids = sorted(by_id)
+            row = yield Execute(query("targets_alive"), {"ids": ids}, "one")
+            alive = set(row[0] if row and row[0] else ())
+            if len(alive) != len(ids):
+                return 0, [c for i, c in by_id.items() if i not in alive]
+        gone: list[Counter] = []
 
         def write() -> Plan[None]:
             for kind, rows in by_kind.items():
@@ -528,6 +575,7 @@ class _CounterPlans:
                     yield from self._applying(columns(rows))
                     continue
                 if kind == "direct" and not writes_counters:
+                    # add_direct refuses (PC003) an id of no counter
                     yield Execute(
                         query("direct_named_add"),
                         (
@@ -544,13 +592,30 @@ class _CounterPlans:
                 }[kind]
                 for start in range(0, len(rows), _MAX_ROWS_PER_STATEMENT):
                     chunk = rows[start : start + _MAX_ROWS_PER_STATEMENT]
-                    yield Execute(_multi_insert(table, len(chunk)), _flatten(chunk))
+                    written = yield Execute(
+                        _multi_insert(table, len(chunk)), _flatten(chunk), "rowcount"
+                    )
+                    if written:
+                        continue
+                    # all or nothing: nothing, as a counter of chunk no longer exists
+                    if single:
+                        gone.extend(c for c, _, _ in chunk)
+                        return
+                    # dropped since the check above: the transaction or savepoint of
+                    # these statements is rolled back (on a connection outside one and
+                    # not in autocommit mode, the transaction they opened is the caller's)
+                    raise UnknownCounter(
+                        f"counter(s) {_names([c for c, _, _ in chunk])} dropped while "
+                        "incr_many wrote"
+                    )
 
         if single:
             yield from write()
+            if gone:
+                return 0, gone
         else:
             yield from self._atomic(write())
-        return sum(len(rows) for rows in by_kind.values())
+        return sum(len(rows) for rows in by_kind.values()), []
 
     def _writes_counters(self) -> Plan[bool]:
         """True when this connection's role may write ``pgcounters.counters`` itself.
@@ -638,7 +703,7 @@ class _CounterPlans:
         self._cache.pop(stale.name, None)
         self._buckets.pop(stale.name, None)
         if not again:
-            raise UnknownCounter(f"counter {stale.name!r} was dropped while it was read")
+            raise UnknownCounter(f"counter {stale.name!r} was dropped while it was used")
         fresh = yield from self._counter(stale.name)
         if fresh.scale != stale.scale:
             raise InvalidCounterDefinition(
@@ -1364,11 +1429,15 @@ class Counters(_CounterPlans):
         # the hot path: the one INSERT of a queued counter, sent as the plan would send it
         if self._pool is None:
             with translated():
-                self.conn.execute(_ENQUEUE, params)
+                written = self.conn.execute(_ENQUEUE, params).rowcount
+        else:
+            with self._pool.connection() as conn, translated():
+                written = conn.execute(_ENQUEUE, params).rowcount
+        if written:
             return None
-        with self._pool.connection() as conn, translated():
-            conn.execute(_ENQUEUE, params)
-        return None
+        # nothing written: the cached counter was dropped since (see _incr)
+        self._forget(name, params[0])
+        return self._run(self._incr(name, key, delta))
 
     def incr_decimal(
         self, name: str, key: object = None, delta: Decimal | int = 1
@@ -1545,12 +1614,16 @@ class AsyncCounters(_CounterPlans):
         # the hot path: the one INSERT of a queued counter, sent as the plan would send it
         if self._pool is None:
             with translated():
-                await self.conn.execute(_ENQUEUE, params)
+                written = (await self.conn.execute(_ENQUEUE, params)).rowcount
+        else:
+            async with self._pool.connection() as conn:
+                with translated():
+                    written = (await conn.execute(_ENQUEUE, params)).rowcount
+        if written:
             return None
-        async with self._pool.connection() as conn:
-            with translated():
-                await conn.execute(_ENQUEUE, params)
-        return None
+        # nothing written: the cached counter was dropped since (see _incr)
+        self._forget(name, params[0])
+        return await self._run(self._incr(name, key, delta))
 
     async def incr_decimal(
         self, name: str, key: object = None, delta: Decimal | int = 1
