@@ -232,3 +232,27 @@ def test_an_async_batcher_writes_to_the_counter_created_again(
     asyncio.run(main())
     pc.drain()
     assert (queued_rows(conn), stored(conn, "b", "{1}")) == ((0, 0, 0), 6)
+
+
+@pytest.mark.parametrize(
+    "modes",
+    [("queued",), ("unlogged",), ("direct",), ("queued", "unlogged", "direct")],
+    ids=["queued", "unlogged", "direct", "three-kinds"],
+)
+def test_incr_many_as_the_first_call_after_the_re_creation(
+    dsn: str, conn: Conn, pc: Counters, modes: tuple[str, ...]
+) -> None:
+    """One statement (one kind of counter), or several (each kind its own, checked
+    first): all of them reach the counters created again."""
+    names = [f"m_{mode}" for mode in modes]
+    for name, mode in zip(names, modes, strict=True):
+        pc.create_counter(name, key=int, mode=mode)  # type: ignore[arg-type]
+    with psycopg.connect(dsn, autocommit=True) as own:
+        old = Counters(own)
+        old.incr_many([(name, 1, 100) for name in names])
+        for name, mode in zip(names, modes, strict=True):
+            recreate_by_sql(dsn, name, "bigint", mode)
+        assert old.incr_many([(name, k, k) for name in names for k in (1, 2)]) == 2 * len(names)
+    pc.drain()
+    assert queued_rows(conn) == (0, 0, 0)
+    assert [stored(conn, name, k) for name in names for k in ("{1}", "{2}")] == [1, 2] * len(names)
