@@ -11,13 +11,23 @@ some tests and a read in others.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Callable
 
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pgcounters import AsyncBatchingCounters, AsyncCounters, Counters, cli
+from pgcounters import (
+    AsyncBatchingCounters,
+    AsyncCounters,
+    Bucket,
+    Counters,
+    CounterSpec,
+    NamedTarget,
+    cli,
+    triggers,
+)
 from pgcounters.connection import Conn
 from pgcounters.errors import UnknownCounter
 
@@ -256,3 +266,47 @@ def test_incr_many_as_the_first_call_after_the_re_creation(
     pc.drain()
     assert queued_rows(conn) == (0, 0, 0)
     assert [stored(conn, name, k) for name in names for k in ("{1}", "{2}")] == [1, 2] * len(names)
+
+
+def test_range_reads_of_a_counter_per_period_declared_again(
+    dsn: str, conn: Conn, pc: Counters
+) -> None:
+    """A counter per period uninstalled and installed again (a new id): a long-lived
+    client's range reads read it, not 0 from the old id."""
+    conn.execute(
+        "CREATE TABLE visit (id bigserial PRIMARY KEY, page bigint, at timestamptz NOT NULL)"
+    )
+    spec = CounterSpec(
+        name="visits_per_day",
+        source="visit",
+        keys=("page",),
+        target=NamedTarget(("bigint",)),
+        bucket=Bucket("at", "day", "Europe/Stockholm"),
+    )
+    triggers.install(conn, [spec])
+    day = dt.date(2026, 5, 4)
+    noon = dt.datetime(2026, 5, 4, 12, tzinfo=dt.UTC)
+    visits = "INSERT INTO visit (page, at) VALUES (%s, %s)"
+    conn.execute(visits, (1, noon))
+    week = (day - dt.timedelta(days=6), day + dt.timedelta(days=1))
+    with psycopg.connect(dsn, autocommit=True) as own:
+        old, old_series = Counters(own), Counters(own)
+        assert old.get_range("visits_per_day", 1, *week) == 1  # caches its id and periods
+        assert old_series.get_series("visits_per_day", 1, day, day + dt.timedelta(days=1)) == [
+            (day, 1)
+        ]
+        triggers.uninstall(conn, "visits_per_day", drop_values=True)
+        triggers.install(conn, [spec])  # counts the visit written before (a backfill)
+        for page in (1, 1, 2):
+            conn.execute(visits, (page, noon))
+        pc.drain()
+        truth = conn.execute("SELECT page, count(*) FROM visit GROUP BY page ORDER BY page")
+        assert truth.fetchall() == [(1, 3), (2, 1)]
+        assert old.get_range("visits_per_day", 1, *week) == 3
+        assert old_series.get_series("visits_per_day", 2, day, day + dt.timedelta(days=1)) == [
+            (day, 1)
+        ]
+        assert old.top_range("visits_per_day", *week) == [((1,), 3), ((2,), 1)]
+        triggers.uninstall(conn, "visits_per_day", drop_values=True)
+        with pytest.raises(UnknownCounter):
+            old.get_range("visits_per_day", 1, *week)

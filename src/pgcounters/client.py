@@ -827,10 +827,14 @@ class _CounterPlans:
         range scan of each table). The bounds are made here from the counter's recorded
         periods (looked up once per client); the statement checks they still are its
         periods (no row, or a NULL first column, when not: looked up again, once).
-        A series (``fetch="all"``) returns its rows and the periods to zero-fill."""
+        A series (``fetch="all"``) returns its rows and the periods to zero-fill. A read
+        that finds nothing checks that the counter still exists (a client's cached id may
+        outlive it): when not, the counter of that name now is read, once."""
         counter = yield from self._integer(name)
         params = yield from self._range_params(name, key, start, end, counter=counter)
-        for attempt in range(2):
+        attempt = 0
+        checked = False
+        while attempt < 2:
             recorded = self._buckets.get(name)
             if recorded is None or attempt:
                 row = yield Execute(query("bucket_of"), {"name": name}, "one", read=True)
@@ -853,12 +857,22 @@ class _CounterPlans:
             yield from self._read_query(counter, statement, "", True)
             if fetch == "all":
                 rows = yield Execute(query(statement), params, "all", read=True)
-                if not any(bucket_text is None for bucket_text, _ in rows):
-                    return rows, periods
+                found_nothing = not any(v for _, v in rows)
+                answered = not any(bucket_text is None for bucket_text, _ in rows)
             else:
                 row = yield Execute(query(statement), params, "one", read=True)
-                if row is not None and row[0] is not None:
-                    return row
+                found_nothing = row is None or not row[0]
+                answered = row is not None and row[0] is not None
+            if found_nothing and not checked:
+                checked = True
+                alive = yield Execute(query("target_exists"), {"t": counter.id}, "one", read=True)
+                if not (alive and alive[0]):
+                    counter = yield from self._looked_up_again(counter, True)
+                    params = yield from self._range_params(name, key, start, end, counter=counter)
+                    continue
+            if answered:
+                return (rows, periods) if fetch == "all" else row
+            attempt += 1
         raise InvalidCounterDefinition(f"counter {name} changed its periods while it was read")
 
     def _top_range(
