@@ -42,6 +42,7 @@ from pgcounters.errors import (
     UnknownCounter,
     UnknownQuota,
 )
+from pgcounters.sqlfiles import query
 from support import lock_waiters
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -574,7 +575,7 @@ def test_incr_sends_what_psycopgs_own_execute_sends(dsn: str, pc: Counters, tmp_
     ``await conn.execute()`` of the same statement: the same messages, no more round trips,
     on a connection and through a pool; the sync client's too."""
     counter = pc.create_counter("wire", key=int)
-    statement = "INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s::text[], %s)"
+    statement = query("enqueue")  # an INSERT of one delta, written while its counter exists
     params = (counter.id, "{7}", 1)
 
     async def on_connection(conn: psycopg.AsyncConnection[Any]) -> tuple[list[str], list[str]]:

@@ -117,21 +117,22 @@ def test_a_fixed_cause_is_replayed_and_a_hopeless_delta_discarded(conn: Conn, pc
     assert quarantined(conn) == []
 
 
-def test_increments_of_a_long_lived_client_to_a_dropped_and_recreated_counter_are_kept(
+def test_increments_committed_after_their_counter_was_dropped_and_recreated_are_kept(
     dsn: str, conn: Conn, pc: Counters
 ) -> None:
-    """A client that cached the counter's id keeps writing to it after another program
-    dropped and re-created the counter: the deltas used to vanish in the drain. They are
-    set aside under the counter's name, and a replay by name sends them to the counter
-    of that name now."""
+    """A transaction wrote to the counter before another program dropped and re-created
+    it, and committed after: the deltas used to vanish in the drain. They are set aside
+    under the counter's name, and a replay by name sends them to the counter of that
+    name now. (A client's later increments reach the new counter at once: see
+    test_redeclared_counters.)"""
     pc.create_counter("visits")
-    with psycopg.connect(dsn, autocommit=True) as other:
-        long_lived = Counters(other)
-        long_lived.incr("visits")  # caches the id
-        pc.drop_counter("visits")
-        pc.create_counter("visits")
+    with psycopg.connect(dsn) as other:
+        in_flight = Counters(other)
         for _ in range(5):
-            long_lived.incr("visits")
+            in_flight.incr("visits")
+        pc.drop_counter("visits")  # waits for nothing: the queued rows are not locked
+        pc.create_counter("visits")
+        other.commit()
     pc.incr("visits", None, 7)
     result = pc.drain()
     assert (result.deltas, result.quarantined) == (1, 5)
@@ -149,11 +150,11 @@ def test_a_dropped_counters_deltas_stay_set_aside_until_it_is_declared_again(
     from pgcounters import cli
 
     pc.create_counter("g2", key=int)
-    with psycopg.connect(dsn, autocommit=True) as other:
-        long_lived = Counters(other)
-        long_lived.incr("g2", 1)  # caches the id
+    with psycopg.connect(dsn) as other:
+        in_flight = Counters(other)
+        in_flight.incr("g2", 1, 4)
         pc.drop_counter("g2")
-        long_lived.incr("g2", 1, 4)
+        other.commit()  # committed after the drop
     assert pc.drain().quarantined == 1
     code = cli.run(["--dsn", dsn, "quarantine", "replay", "--counter", "g2"])
     out = capsys.readouterr().out

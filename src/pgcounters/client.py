@@ -225,6 +225,10 @@ class DrainResult:
         return self.deltas / self.seconds if self.seconds > 0 else 0.0
 
 
+def _names(counters: Iterable[Counter]) -> str:
+    return ", ".join(sorted({repr(c.name) for c in counters}))
+
+
 def _row_to_counter(row: Sequence[Any]) -> Counter:
     return Counter(
         id=row[0],
@@ -408,11 +412,21 @@ class _CounterPlans:
         """
         params = self._cached_queued(name, key, delta)
         if params is not None:
-            yield Execute(_ENQUEUE, params)
-            return None
+            if (yield Execute(_ENQUEUE, params, "rowcount")):
+                return None
+            self._forget(name, params[0])  # nothing written: the counter was dropped since
         counter = yield from self._integer(name)
         units = yield from self._incr_units(counter, key, check_delta(delta))
         return None if units is None else int(units)
+
+    def _forget(self, name: str, stale_id: int) -> None:
+        """Forget the cached declaration of ``name`` when it has the id ``stale_id``: the
+        statement of an increment wrote nothing, as that counter no longer exists (dropped,
+        maybe created again under its name; a new counter has a new id)."""
+        cached = self._cache.get(name)
+        if cached is not None and cached.id == stale_id:
+            self._cache.pop(name, None)
+            self._buckets.pop(name, None)
 
     def _cached_queued(self, name: str, key: object, delta: int) -> tuple[int, str, int] | None:
         """:meth:`_queued`, None when the cached declaration refuses the key: the plan then
@@ -455,7 +469,10 @@ class _CounterPlans:
         if counter.mode != "direct":
             # the hot path: one INSERT, the key sent as one array-literal parameter
             stmt = query("enqueue" if counter.mode == "queued" else "enqueue_unlogged")
-            yield Execute(stmt, (counter.id, array_literal(encoded), delta))
+            written = yield Execute(stmt, (counter.id, array_literal(encoded), delta), "rowcount")
+            if not written:  # the statement writes only for a counter that exists
+                fresh = yield from self._looked_up_again(counter, again)
+                return (yield from self._incr_units(fresh, key, delta, again=False))
             return None
         if counter.is_column:
             row = yield from self._applying(self._direct_column(counter, encoded[0], delta))
@@ -492,6 +509,27 @@ class _CounterPlans:
         before anything is written, so bad input writes nothing. Returns the
         number of distinct (counter, key) pairs written.
         """
+        items = list(items)
+        written, dropped = yield from self._incr_many_once(items)
+        if dropped:
+            # a cached declaration outlived its counter, and nothing was written: once
+            # more with the declarations as they are now (a name no longer declared raises
+            # UnknownCounter)
+            for counter in dropped:
+                self._forget(counter.name, counter.id)
+            written, dropped = yield from self._incr_many_once(items)
+            if dropped:
+                raise UnknownCounter(
+                    f"counter(s) {_names(dropped)} dropped while incr_many wrote: nothing "
+                    "was written"
+                )
+        return written
+
+    def _incr_many_once(
+        self, items: list[tuple[str, object, int | Decimal]]
+    ) -> Plan[tuple[int, list[Counter]]]:
+        """:meth:`_incr_many` with the declarations cached: the pairs written, and the
+        cached counters that no longer exist when it found some (nothing written then)."""
         # netted per (counter id, key): hashing ints and strings, not Counter objects
         netted: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
         by_id: dict[int, Counter] = {}
@@ -519,11 +557,20 @@ class _CounterPlans:
             )
             by_kind[kind].append((counter, encoded, total))
         if not by_kind:
-            return 0
+            return 0, []
         single = len(by_kind) == 1 and all(
             k != "direct_column" and len(r) <= _MAX_ROWS_PER_STATEMENT for k, r in by_kind.items()
         )
         writes_counters = "direct" in by_kind and (yield from self._writes_counters())
+        if not single:
+            # several statements: check first that every counter exists (one statement
+            # finding a counter gone after others wrote could not start over)
+            ids = sorted(by_id)
+            row = yield Execute(query("targets_alive"), {"ids": ids}, "one")
+            alive = set(row[0] if row and row[0] else ())
+            if len(alive) != len(ids):
+                return 0, [c for i, c in by_id.items() if i not in alive]
+        gone: list[Counter] = []
 
         def write() -> Plan[None]:
             for kind, rows in by_kind.items():
@@ -536,6 +583,7 @@ class _CounterPlans:
                     yield from self._applying(columns(rows))
                     continue
                 if kind == "direct" and not writes_counters:
+                    # add_direct refuses (PC003) an id of no counter
                     yield Execute(
                         query("direct_named_add"),
                         (
@@ -552,13 +600,30 @@ class _CounterPlans:
                 }[kind]
                 for start in range(0, len(rows), _MAX_ROWS_PER_STATEMENT):
                     chunk = rows[start : start + _MAX_ROWS_PER_STATEMENT]
-                    yield Execute(_multi_insert(table, len(chunk)), _flatten(chunk))
+                    written = yield Execute(
+                        _multi_insert(table, len(chunk)), _flatten(chunk), "rowcount"
+                    )
+                    if written:
+                        continue
+                    # all or nothing: nothing, as a counter of chunk no longer exists
+                    if single:
+                        gone.extend(c for c, _, _ in chunk)
+                        return
+                    # dropped since the check above: the transaction or savepoint of
+                    # these statements is rolled back (on a connection outside one and
+                    # not in autocommit mode, the transaction they opened is the caller's)
+                    raise UnknownCounter(
+                        f"counter(s) {_names([c for c, _, _ in chunk])} dropped while "
+                        "incr_many wrote"
+                    )
 
         if single:
             yield from write()
+            if gone:
+                return 0, gone
         else:
             yield from self._atomic(write())
-        return sum(len(rows) for rows in by_kind.values())
+        return sum(len(rows) for rows in by_kind.values()), []
 
     def _writes_counters(self) -> Plan[bool]:
         """True when this connection's role may write ``pgcounters.counters`` itself.
@@ -646,7 +711,7 @@ class _CounterPlans:
         self._cache.pop(stale.name, None)
         self._buckets.pop(stale.name, None)
         if not again:
-            raise UnknownCounter(f"counter {stale.name!r} was dropped while it was read")
+            raise UnknownCounter(f"counter {stale.name!r} was dropped while it was used")
         fresh = yield from self._counter(stale.name)
         if fresh.scale != stale.scale:
             raise InvalidCounterDefinition(
@@ -772,10 +837,14 @@ class _CounterPlans:
         range scan of each table). The bounds are made here from the counter's recorded
         periods (looked up once per client); the statement checks they still are its
         periods (no row, or a NULL first column, when not: looked up again, once).
-        A series (``fetch="all"``) returns its rows and the periods to zero-fill."""
+        A series (``fetch="all"``) returns its rows and the periods to zero-fill. A read
+        that finds nothing checks that the counter still exists (a client's cached id may
+        outlive it): when not, the counter of that name now is read, once."""
         counter = yield from self._integer(name)
         params = yield from self._range_params(name, key, start, end, counter=counter)
-        for attempt in range(2):
+        attempt = 0
+        checked = False
+        while attempt < 2:
             recorded = self._buckets.get(name)
             if recorded is None or attempt:
                 row = yield Execute(query("bucket_of"), {"name": name}, "one", read=True)
@@ -798,12 +867,22 @@ class _CounterPlans:
             yield from self._read_query(counter, statement, "", True)
             if fetch == "all":
                 rows = yield Execute(query(statement), params, "all", read=True)
-                if not any(bucket_text is None for bucket_text, _ in rows):
-                    return rows, periods
+                found_nothing = not any(v for _, v in rows)
+                answered = not any(bucket_text is None for bucket_text, _ in rows)
             else:
                 row = yield Execute(query(statement), params, "one", read=True)
-                if row is not None and row[0] is not None:
-                    return row
+                found_nothing = row is None or not row[0]
+                answered = row is not None and row[0] is not None
+            if found_nothing and not checked:
+                checked = True
+                alive = yield Execute(query("target_exists"), {"t": counter.id}, "one", read=True)
+                if not (alive and alive[0]):
+                    counter = yield from self._looked_up_again(counter, True)
+                    params = yield from self._range_params(name, key, start, end, counter=counter)
+                    continue
+            if answered:
+                return (rows, periods) if fetch == "all" else row
+            attempt += 1
         raise InvalidCounterDefinition(f"counter {name} changed its periods while it was read")
 
     def _top_range(
@@ -1374,11 +1453,15 @@ class Counters(_CounterPlans):
         # the hot path: the one INSERT of a queued counter, sent as the plan would send it
         if self._pool is None:
             with translated():
-                self.conn.execute(_ENQUEUE, params)
+                written = self.conn.execute(_ENQUEUE, params).rowcount
+        else:
+            with self._pool.connection() as conn, translated():
+                written = conn.execute(_ENQUEUE, params).rowcount
+        if written:
             return None
-        with self._pool.connection() as conn, translated():
-            conn.execute(_ENQUEUE, params)
-        return None
+        # nothing written: the cached counter was dropped since (see _incr)
+        self._forget(name, params[0])
+        return self._run(self._incr(name, key, delta))
 
     def incr_decimal(
         self, name: str, key: object = None, delta: Decimal | int = 1
@@ -1555,12 +1638,16 @@ class AsyncCounters(_CounterPlans):
         # the hot path: the one INSERT of a queued counter, sent as the plan would send it
         if self._pool is None:
             with translated():
-                await self.conn.execute(_ENQUEUE, params)
+                written = (await self.conn.execute(_ENQUEUE, params)).rowcount
+        else:
+            async with self._pool.connection() as conn:
+                with translated():
+                    written = (await conn.execute(_ENQUEUE, params)).rowcount
+        if written:
             return None
-        async with self._pool.connection() as conn:
-            with translated():
-                await conn.execute(_ENQUEUE, params)
-        return None
+        # nothing written: the cached counter was dropped since (see _incr)
+        self._forget(name, params[0])
+        return await self._run(self._incr(name, key, delta))
 
     async def incr_decimal(
         self, name: str, key: object = None, delta: Decimal | int = 1

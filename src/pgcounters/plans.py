@@ -36,14 +36,15 @@ from pgcounters.dberrors import translated
 T = TypeVar("T")
 
 Query: TypeAlias = str | bytes | sql.Composable
-Fetch: TypeAlias = Literal["none", "one", "all"]
+Fetch: TypeAlias = Literal["none", "one", "all", "rowcount"]
 Row: TypeAlias = tuple[Any, ...]
 AsyncConn: TypeAlias = psycopg.AsyncConnection[Any]
 
 
 @dataclass(slots=True)  # not frozen: built on every call, and a frozen one costs twice
 class Execute:
-    """Run one statement; the step's result is its first row (or None), all rows, or None."""
+    """Run one statement; the step's result is its first row (or None), all rows, its
+    row count, or None."""
 
     query: Query
     params: Any = None
@@ -151,6 +152,8 @@ def _step(step: Step, conn: Conn, read_conn: Conn) -> Any:
                 return cur.fetchone()
             if step.fetch == "all":
                 return cur.fetchall()
+            if step.fetch == "rowcount":
+                return cur.rowcount
             return None
     if isinstance(step, Copy):
         with conn.cursor() as cur, cur.copy(step.query) as copy:  # type: ignore[arg-type]
@@ -206,6 +209,8 @@ async def _step_async(step: Step, conn: AsyncConn, read_conn: AsyncConn) -> Any:
                 return await cur.fetchone()
             if step.fetch == "all":
                 return await cur.fetchall()
+            if step.fetch == "rowcount":
+                return cur.rowcount
             return None
     if isinstance(step, Copy):
         async with conn.cursor() as cur, cur.copy(step.query) as copy:  # type: ignore[arg-type]

@@ -744,9 +744,11 @@ class Worker:
             # covered in batches of batch_size (this result is the first of them)
             size = self._batch_size
             self._small[unlogged] = batches_after_refusal(batch.refused, size)
-        # deltas left busy with more queued ahead of them: go on at once
+        # deltas left busy with more queued ahead of them: go on at once; busy deltas
+        # with nothing ahead are no reason to (a full batch of them, taken again and
+        # again while an application holds their rows, kept the worker spinning)
         got = deltas + (batch.busy if batch.ahead else 0)
-        full = deltas + batch.busy >= size
+        full = got >= size
         busy = False
         queue = "unlogged" if unlogged else "logged"
         if deltas:

@@ -120,12 +120,17 @@ SELECT id, name, key_types, mode, target_schema, target_table, target_column, ta
  ORDER BY name;
 
 -- name: enqueue
--- one delta into the logged queue
-INSERT INTO pgcounters.queue (target_id, key, delta) VALUES (%s, %s::text[], %s);
+-- one delta into the logged queue, written only while its counter exists (a client's
+-- cached id may outlive a drop: no row then, and the client looks the name up again)
+INSERT INTO pgcounters.queue (target_id, key, delta)
+SELECT v.t, v.k, v.d FROM (VALUES (%s::integer, %s::text[], %s::bigint)) AS v (t, k, d)
+ WHERE EXISTS (SELECT FROM pgcounters.targets AS s WHERE s.id = v.t);
 
 -- name: enqueue_unlogged
--- one delta into the unlogged queue
-INSERT INTO pgcounters.queue_unlogged (target_id, key, delta) VALUES (%s, %s::text[], %s);
+-- one delta into the unlogged queue, written only while its counter exists (see enqueue)
+INSERT INTO pgcounters.queue_unlogged (target_id, key, delta)
+SELECT v.t, v.k, v.d FROM (VALUES (%s::integer, %s::text[], %s::bigint)) AS v (t, k, d)
+ WHERE EXISTS (SELECT FROM pgcounters.targets AS s WHERE s.id = v.t);
 
 -- name: applying_on
 -- the counter-column writes of pgcounters say so (transaction-local), for a guard on
@@ -137,13 +142,23 @@ SELECT set_config('pgcounters.applying', 'on', true);
 SELECT set_config('pgcounters.applying', '', true);
 
 -- name: enqueue_many
--- several deltas into one queue ({values}: one (%s, %s::text[], %s) per delta)
-INSERT INTO {queue} (target_id, key, delta) VALUES {values};
+-- several deltas into one queue ({values}: one (%s, %s::text[], %s) per delta), all of
+-- them or none: none when a counter they name no longer exists (see enqueue)
+WITH v (t, k, d) AS (VALUES {values})
+INSERT INTO {queue} (target_id, key, delta)
+SELECT v.t, v.k, v.d FROM v
+ WHERE NOT EXISTS (SELECT FROM v AS w
+                    WHERE NOT EXISTS (SELECT FROM pgcounters.targets AS s WHERE s.id = w.t));
 
 -- name: direct_named_many
 -- several increments of direct named counters, summed per (target, key) by the caller; their keys noted for a reporting worker, one note per counter
-WITH written AS (
-    INSERT INTO pgcounters.counters AS c (target_id, key, value) VALUES {values}
+WITH v (t, k, d) AS (VALUES {values}),
+written AS (
+    -- all of them or none: none when a counter they name no longer exists (see enqueue)
+    INSERT INTO pgcounters.counters AS c (target_id, key, value)
+    SELECT v.t, v.k, v.d FROM v
+     WHERE NOT EXISTS (SELECT FROM v AS w
+                        WHERE NOT EXISTS (SELECT FROM pgcounters.targets AS s WHERE s.id = w.t))
     ON CONFLICT (target_id, key) DO UPDATE SET value = c.value + excluded.value
     RETURNING c.target_id, c.key
 )
@@ -341,6 +356,10 @@ SELECT key, value
    AND pgcounters._kept(key[cardinality(key)], (SELECT pgcounters._first_kept(%(t)s)))
  ORDER BY band DESC, value DESC, key COLLATE "C"
  LIMIT %(n)s;
+
+-- name: targets_alive
+-- which of some counter ids still name a counter
+SELECT array_agg(id) FROM pgcounters.targets WHERE id = ANY (%(ids)s::integer[]);
 
 -- name: target_exists
 -- whether the counter of an id still exists (a client's cached id may outlive it)
