@@ -3,17 +3,10 @@ extended protocol: psycopg, JDBC, asyncpg), in autocommit mode, as the docs tell
 
 from __future__ import annotations
 
-import pytest
-
 from pgcounters import Counters
 from pgcounters.connection import Conn
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="drain_all takes now() <> statement_timestamp() for a transaction block; with "
-    "parameters the Bind and the Execute are two messages, and it refuses (PC005)",
-)
 def test_drain_all_with_its_batch_size_as_a_parameter(conn: Conn, pc: Counters) -> None:
     pc.create_counter("n", key=int)
     for key in (1, 2, 2):

@@ -94,11 +94,6 @@ def test_the_careful_path_writes_in_key_order_too(conn: Conn, pc: Counters) -> N
     assert written_order(conn) == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the careful path sorts the keys' text ('{100}' before '{10}'), the fast path "
-    "the keys: _drain_carefully orders by r.key, not r.key::text[]",
-)
 def test_the_careful_path_writes_any_keys_in_the_fast_paths_order(conn: Conn, pc: Counters) -> None:
     expected = careful_batch(conn, pc, [*KEYS, "100"])
     assert written_order(conn) == expected

@@ -287,7 +287,9 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)
 
 -- name: exact_named_many
 -- the exact values of several keys of a named counter, in the order asked, from one snapshot
--- (refused while the counter is backfilled: pgcounters._backfilling)
+-- (refused while the counter is backfilled: pgcounters._backfilling); each key's stored
+-- value and pending deltas are lookups by key (a join with the counters could be planned as
+-- a scan of every row of the counter)
 SELECT w.ord,
        CASE (SELECT b.name IS NOT NULL
                FROM pgcounters.targets AS g
@@ -297,7 +299,8 @@ SELECT w.ord,
             WHEN false THEN CASE WHEN pgcounters._kept(e.k ->> -1,  -- the key's period
                                                        (SELECT pgcounters._first_kept(%(t)s)))
             THEN
-       (coalesce(c.value, 0)
+       (coalesce((SELECT c.value FROM pgcounters.counters AS c
+                  WHERE c.target_id = %(t)s AND c.key = w.key), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue_unlogged q
@@ -306,8 +309,7 @@ SELECT w.ord,
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
-                            ORDER BY i) AS key) AS w
-  LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
+                            ORDER BY i) AS key) AS w;
 
 -- name: exact_named_many_logged
 -- on a hot standby: the exact values of several keys of a named counter, from the logged queue
@@ -320,15 +322,15 @@ SELECT w.ord,
             WHEN false THEN CASE WHEN pgcounters._kept(e.k ->> -1,  -- the key's period
                                                        (SELECT pgcounters._first_kept(%(t)s)))
             THEN
-       (coalesce(c.value, 0)
+       (coalesce((SELECT c.value FROM pgcounters.counters AS c
+                  WHERE c.target_id = %(t)s AND c.key = w.key), 0)
       + coalesce((SELECT sum(delta) FROM pgcounters.queue q
                    WHERE q.target_id = %(t)s AND q.key = w.key::text), 0))::bigint
             ELSE 0 END END
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
-                            ORDER BY i) AS key) AS w
-  LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
+                            ORDER BY i) AS key) AS w;
 
 -- name: stored_named_many
 -- the stored values of several keys of a named counter, in the order asked (NULL when the
@@ -336,12 +338,13 @@ SELECT w.ord,
 SELECT w.ord, CASE WHEN EXISTS (SELECT 1 FROM pgcounters.targets AS s WHERE s.id = %(t)s)
                    THEN CASE WHEN pgcounters._kept(e.k ->> -1,  -- the key's period
                                                   (SELECT pgcounters._first_kept(%(t)s)))
-                             THEN coalesce(c.value, 0) ELSE 0 END END
+                             THEN coalesce((SELECT c.value FROM pgcounters.counters AS c
+                                             WHERE c.target_id = %(t)s AND c.key = w.key), 0)
+                             ELSE 0 END END
   FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS e(k, ord)
  CROSS JOIN LATERAL (
        SELECT e.ord, ARRAY(SELECT x FROM jsonb_array_elements_text(e.k) WITH ORDINALITY AS a(x, i)
-                            ORDER BY i) AS key) AS w
-  LEFT JOIN pgcounters.counters c ON c.target_id = %(t)s AND c.key = w.key;
+                            ORDER BY i) AS key) AS w;
 
 -- name: top_named
 -- the n highest values of a named counter (none when the counter no longer exists: the

@@ -1,6 +1,6 @@
 -- The pgcounters schema: every table, index, type, function, trigger, grant and
 -- seeded row as the migrations in sql/migrations leave it, by topic.
--- version: 31
+-- version: 32
 --
 -- A fresh install runs this file in one transaction under an advisory lock
 -- (pgcounters/schema.py) and records every migration up to the version above
@@ -109,7 +109,11 @@ CREATE TABLE pgcounters.queue (
     key        text NOT NULL,
     delta      bigint NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
-) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+        vacuum_truncate = false);
+-- (VACUUM leaves the file's size as it is: truncating a drained queue to no pages took a
+-- lock that made writers wait, and left the planner a queue of no pages, whose reads a
+-- sequential scan plan then served while the queue grew again)
 
 -- Exact reads sum the pending deltas of one key from this index.
 CREATE INDEX queue_target_key ON pgcounters.queue (target_id, key) INCLUDE (delta);
@@ -122,7 +126,11 @@ CREATE UNLOGGED TABLE pgcounters.queue_unlogged (
     key        text NOT NULL,
     delta      bigint NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
-) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+        vacuum_truncate = false);
+-- (VACUUM leaves the file's size as it is: truncating a drained queue to no pages took a
+-- lock that made writers wait, and left the planner a queue of no pages, whose reads a
+-- sequential scan plan then served while the queue grew again)
 
 -- Exact reads sum the pending deltas of one key from this index.
 CREATE INDEX queue_unlogged_target_key
@@ -1554,13 +1562,10 @@ BEGIN
         END IF;
         v_max := v_setting::bigint;
     END IF;
-    IF now() <> statement_timestamp() THEN
-        RAISE EXCEPTION 'pgcounters.drain_all commits after every batch: CALL it outside '
-                        'a transaction block (in autocommit mode)'
-            USING ERRCODE = 'PC005';
-    END IF;
-    -- nothing is done yet: in a transaction block the check above cannot tell
-    -- (BEGIN and CALL in one query string), PostgreSQL refuses this COMMIT
+    -- nothing is done yet: in a transaction block PostgreSQL refuses this COMMIT
+    -- (2D000, invalid transaction termination). Comparing now() with statement_timestamp()
+    -- refused a CALL whose arguments were sent as parameters (the extended protocol of
+    -- psycopg, JDBC, asyncpg), whose Bind and Execute are two messages.
     COMMIT;
     deltas := 0;
     quarantined := 0;
@@ -1682,7 +1687,13 @@ BEGIN
                min(r.created_at) AS created_at, array_agg(r.id) AS ids
           FROM unnest(v_rows) AS r
          GROUP BY r.target_id, r.key
-         ORDER BY r.target_id, r.key
+         -- the fast path's order, the key as an array ({10} before {100}; as text the
+         -- other way round), so that two drainers lock the same rows in the same order; a
+         -- key that is no well-formed array (one this path sets aside) last, as text
+         ORDER BY r.target_id,
+                  CASE WHEN r.key ~ '^\{(("([^"\\]|\\.)*"|[^",{}\\[:space:]]+)(,("([^"\\]|\\.)*"|[^",{}\\[:space:]]+))*)?\}$'
+                       THEN r.key::text[] END NULLS LAST,
+                  r.key
     LOOP
         BEGIN
             SELECT * INTO t FROM pgcounters.targets WHERE id = g.target_id;
