@@ -184,7 +184,7 @@ FAULTS: tuple[Fault, ...] = (
                 "            \"    IF current_setting({applying}, true) = 'on' OR true THEN\\n\"\n",
             ),
         ),
-        ("tests/test_sqlalchemy.py", "tests/test_triggers.py"),
+        ("tests/test_django_current_triggers.py", "tests/test_sqlalchemy.py"),
     ),
     # -- the SQL engine (schema.sql) --------------------------------------------------------
     Fault(
@@ -201,7 +201,7 @@ FAULTS: tuple[Fault, ...] = (
                 "FROM pgcounters.queue_unlogged",
             ),
         ),
-        ("tests/test_sql_interface.py", "tests/test_sql_incr.py"),
+        ("tests/test_sql_reads.py", "tests/test_sql_interface.py"),
     ),
     Fault(
         "sql-hour-in-session-zone",
@@ -214,7 +214,7 @@ FAULTS: tuple[Fault, ...] = (
                 "SELECT pgcounters.bucket_text('hour', p_zone, date_trunc('hour', p_value))",
             ),
         ),
-        ("tests/test_buckets.py",),
+        ("tests/test_sql_reads.py", "tests/test_buckets.py"),
     ),
     Fault(
         "sql-drain-all-stops-on-busy",
@@ -227,11 +227,7 @@ FAULTS: tuple[Fault, ...] = (
                 "    v_done[i] := r.deltas = 0 AND r.quarantined = 0;",
             ),
         ),
-        (
-            "tests/test_sql_interface.py",
-            "tests/test_drain_backlog.py",
-            "tests/test_nonblocking_drain.py",
-        ),
+        ("tests/test_drain_busy_batch.py", "tests/test_sql_interface.py"),
     ),
     Fault(
         "sql-drain-upsert-unordered",
@@ -241,7 +237,7 @@ FAULTS: tuple[Fault, ...] = (
             Edit(_upsert(_STATIC), _upsert(_STATIC, ordered=False), count=4),
             Edit(_upsert(_DYNAMIC), _upsert(_DYNAMIC, ordered=False)),
         ),
-        ("tests/test_load_no_deadlock.py", "tests/test_drain_plan.py"),
+        ("tests/test_drain_key_order.py",),
     ),
     Fault(
         "sql-drain-subtracts",
@@ -324,7 +320,7 @@ FAULTS: tuple[Fault, ...] = (
                 "        done = len(texts)\n",
             ),
         ),
-        ("tests/test_backfill.py",),
+        ("tests/test_backfill_held_rows.py", "tests/test_backfill.py"),
     ),
     Fault(
         "redis-flush-prunes-in-doubt",
@@ -344,7 +340,7 @@ FAULTS: tuple[Fault, ...] = (
                 "        return self.deltas == 0 and self.quarantined == 0\n",
             ),
         ),
-        ("tests/test_nonblocking_drain.py", "tests/test_drain_backlog.py"),
+        ("tests/test_drain_busy_batch.py", "tests/test_nonblocking_drain.py"),
     ),
     Fault(
         "worker-waits-on-busy",
@@ -357,7 +353,7 @@ FAULTS: tuple[Fault, ...] = (
                 "        got = deltas\n",
             ),
         ),
-        ("tests/test_worker.py", "tests/test_nonblocking_drain.py"),
+        ("tests/test_drain_busy_batch.py", "tests/test_worker.py"),
     ),
 )
 
