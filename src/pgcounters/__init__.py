@@ -59,6 +59,7 @@ from pgcounters.errors import (
     SchemaError,
     SchemaNotInstalled,
     SchemaVersionMismatch,
+    UnsupportedServer,
     ShardingError,
     StatementTimeout,
     UnknownCounter,
@@ -164,6 +165,7 @@ __all__ = [  # noqa: RUF022
     "SchemaError",
     "SchemaNotInstalled",
     "SchemaVersionMismatch",
+    "UnsupportedServer",
     # -- errors of arguments (each also a ValueError)
     "InvalidArgument",
     "InvalidCounterName",

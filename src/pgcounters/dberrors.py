@@ -24,6 +24,8 @@ _OWN_CODES: dict[str, type[errors.PgCountersError]] = {
     "PC008": errors.CounterOverflow,
     # a large batch refused the careful path (the drain takes smaller batches)
     "PC022": errors.DrainError,
+    # a PostgreSQL older than the oldest pgcounters is tested on
+    "PC023": errors.UnsupportedServer,
     # quotas (subclass Q)
     "PCQ01": errors.UnknownQuota,
     "PCQ02": errors.InvalidQuotaDefinition,

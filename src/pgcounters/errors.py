@@ -72,6 +72,10 @@ class SchemaVersionMismatch(SchemaError):
     """The installed pgcounters schema is not the version this code expects."""
 
 
+class UnsupportedServer(SchemaError):
+    """This PostgreSQL is older than the oldest version pgcounters is tested on."""
+
+
 # Errors of PostgreSQL that pgcounters explains but whose SQLSTATE callers may
 # rely on (here and in the concurrency and hot-standby families): they subclass
 # both PgCountersError and psycopg's own class, so `except

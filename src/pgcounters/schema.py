@@ -20,7 +20,12 @@ from psycopg.rows import tuple_row
 from pgcounters import plans, sqlfiles
 from pgcounters.connection import Conn
 from pgcounters.dberrors import translated
-from pgcounters.errors import InvalidArgument, SchemaNotInstalled, SchemaVersionMismatch
+from pgcounters.errors import (
+    InvalidArgument,
+    SchemaNotInstalled,
+    SchemaVersionMismatch,
+    UnsupportedServer,
+)
 from pgcounters.plans import Execute, Plan
 
 
@@ -74,10 +79,26 @@ def check(conn: Conn) -> None:
     plans.run(check_plan(), conn)
 
 
+OLDEST_SERVER = 150000
+"""The oldest PostgreSQL pgcounters installs on (``server_version_num``): the oldest the
+test suite runs on (Debian's 15; the embedded wheel gives 18)."""
+
+
+def check_server(version_num: int) -> None:
+    """Raise :class:`UnsupportedServer` for a PostgreSQL older than :data:`OLDEST_SERVER`."""
+    if version_num < OLDEST_SERVER:
+        major = version_num // 10000
+        raise UnsupportedServer(
+            f"pgcounters needs PostgreSQL {OLDEST_SERVER // 10000} or later; this server is "
+            f"PostgreSQL {major}"
+        )
+
+
 def _apply(conn: Conn, *, only_if_fresh: bool) -> list[int]:
     """Install or upgrade in one transaction under an advisory lock."""
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise psycopg.ProgrammingError("install/upgrade must run outside a transaction")
+    check_server(conn.info.server_version)
     with translated(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sqlfiles.query("install_lock"))
         found = installed_version(conn)
@@ -127,6 +148,7 @@ def apply_migration(conn: Conn, filename: str) -> bool:
     the install lock: this is how the Django migrations of the app deliver the schema,
     one file each, in order."""
     migration = sqlfiles.migration(filename)
+    check_server(conn.info.server_version)
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sqlfiles.query("install_lock"))
         cur.execute(sqlfiles.query("schema_exists"))

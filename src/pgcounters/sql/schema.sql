@@ -13,6 +13,17 @@
 -- transaction), so objects appear in topic order: a function may name one defined below.
 SET LOCAL check_function_bodies = off;
 
+-- The oldest PostgreSQL pgcounters installs on: the oldest its tests run on.
+DO $$
+BEGIN
+    IF current_setting('server_version_num')::integer < 150000 THEN
+        RAISE EXCEPTION 'pgcounters needs PostgreSQL 15 or later; this server is %',
+            current_setting('server_version')
+            USING ERRCODE = 'PC023';
+    END IF;
+END;
+$$;
+
 
 -- =============================================================================
 -- Versions

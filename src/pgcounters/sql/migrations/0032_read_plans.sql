@@ -17,6 +17,19 @@
 -- parameters (the extended protocol of psycopg, JDBC and asyncpg sends Bind and Execute
 -- as two messages, so now() and statement_timestamp() differ). It now lets PostgreSQL
 -- refuse its first COMMIT in a transaction block (2D000, invalid transaction termination).
+--
+-- PostgreSQL older than 15 (the oldest the tests run on) is refused (PC023).
+
+-- The oldest PostgreSQL pgcounters installs on: the oldest its tests run on.
+DO $$
+BEGIN
+    IF current_setting('server_version_num')::integer < 150000 THEN
+        RAISE EXCEPTION 'pgcounters needs PostgreSQL 15 or later; this server is %',
+            current_setting('server_version')
+            USING ERRCODE = 'PC023';
+    END IF;
+END;
+$$;
 
 ALTER TABLE pgcounters.queue SET (vacuum_truncate = false);
 ALTER TABLE pgcounters.queue_unlogged SET (vacuum_truncate = false);
