@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast check lint typecheck pytest bench clean mutation-check system-packages
+.PHONY: demo test test-fast check lint typecheck pytest pytest-pg15 bench clean mutation-check system-packages
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("pgcounters needs Python 3.11+" if sys.version_info < (3, 11) else 0)'
@@ -20,8 +20,18 @@ demo: $(STAMP)
 	$(BIN)/pgcounters demo
 
 # the whole suite: the system packages its tests need (installed with apt-get when this runs
-# as root or with sudo, else named), lint, strict typing (tests included), then the tests
-test: system-packages check pytest
+# as root or with sudo, else named), lint, strict typing (tests included), the tests on the
+# embedded PostgreSQL 18, again on the distribution's PostgreSQL 15 (the oldest supported;
+# not the benchmarks' smoke tests, the browser and the package build, which do not depend on
+# the server's version), then the faults the tests must catch (mutation-check)
+test: system-packages check pytest pytest-pg15 mutation-check
+
+PG15_BIN := /usr/lib/postgresql/15/bin
+PG15_SKIP := --ignore-glob='tests/test_bench_*' --ignore=tests/test_browser.py \
+	--ignore=tests/test_package.py --ignore=tests/test_plproxy.py --ignore=tests/test_mutants.py
+
+pytest-pg15: $(STAMP)
+	PGCOUNTERS_TEST_PG_BIN=$(PG15_BIN) $(BIN)/pytest $(PG15_SKIP) $(PYTEST_ARGS)
 
 system-packages:
 	@scripts/system-packages
@@ -44,9 +54,9 @@ pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Faults of tests/mutants.py (the trigger compiler, the SQL engine, the Python side) put one
-# at a time into a copy of the package: the tests each names must fail. `make test` checks
-# that every fault still applies (tests/test_mutants.py); this runs them all (MUTATION_ARGS:
-# --list, --only NAME)
+# at a time into a copy of the package: the tests each names must fail. Part of `make test`
+# (about 4 minutes); tests/test_mutants.py also checks in the suite that every fault still
+# applies. MUTATION_ARGS: --list, --only NAME
 mutation-check: $(STAMP)
 	$(BIN)/python scripts/mutation_check.py $(MUTATION_ARGS)
 
