@@ -436,3 +436,38 @@ def test_close_while_the_flusher_thread_writes_writes_everything(
         closing.join()
     assert sum(pc.get("c", k) for k in range(3)) == 121
     assert events.pending() == 0
+
+
+@pytest.mark.parametrize("given", ["dsn", "connection"])
+def test_a_redis_flush_interrupted_at_any_line_loses_and_doubles_nothing(
+    dsn: str, pc: Counters, conn: Conn, tmp_path: Path, given: str
+) -> None:
+    from pgcounters.demos.redis_server import EmbeddedRedis
+    from pgcounters.redis_buffer import RedisBuffer
+
+    declare(pc)
+    truth: Truth = collections.Counter()
+    own = None if given == "dsn" else psycopg.connect(dsn)  # not in autocommit mode
+    done: set[tuple[str, int]] = set()
+    try:
+        with (
+            EmbeddedRedis(tmp_path / "redis") as server,
+            RedisBuffer(own or dsn, server.url()) as buf,
+        ):
+            while True:
+                for name in NAMES:
+                    for k in range(3):
+                        buf.incr(name, k, len(done) + 1)
+                        truth[(name, k)] += len(done) + 1
+                fired = interrupted(buf.flush, done)
+                assert open_transactions(conn) == 0
+                buf.flush()
+                assert buf.pending() == (0, 0)
+                assert values(pc) == truth, f"interrupted at the {len(done)}th line"
+                if not fired:
+                    break
+    finally:
+        if own is not None:
+            own.close()
+    assert len(done) > 50
+    assert values(pc) == truth

@@ -28,8 +28,10 @@ refuses new increments with :class:`BufferFull` (refused, not acknowledged).
 error is raised by an explicit ``flush``, and reported by the background
 flusher (logged, kept in :attr:`BatchingCounters.last_error`, passed to
 ``on_error``), which retries with a backoff. A batch whose COMMIT outcome is
-unknown (the connection broke) is looked up by its flush id before it is
-written again, so it is never counted twice.
+unknown (the connection broke, the write was interrupted or cancelled) is
+looked up by its flush id, in the transaction that would write it again, so it
+is never counted twice. An exception at any point of a flush (``KeyboardInterrupt``,
+a task's cancellation) loses and doubles nothing: see :class:`_Pending`.
 
 **Transactions.** Increments made through :meth:`BatchingCounters.transaction`
 (psycopg) or an :class:`IncrementGroup` committed from Django's
@@ -643,8 +645,10 @@ class AsyncBatchingCounters(_ErrorReports):
     between ``start()`` and ``aclose()``); there is no exit hook: what is buffered when the
     loop ends without ``aclose()`` is lost, like a sync buffer's on SIGKILL.
 
-    On a pool each write borrows a connection; a connection given alone must be in
-    autocommit mode and used by this buffer only.
+    On a pool (autocommit or not) each write borrows a connection; a connection given
+    alone (autocommit or not) must be used by this buffer only. Each write runs in a
+    shielded task of its own: a cancelled ``flush()`` (or flusher, or ``aclose()``) never
+    interrupts a write half-way (see docs/event-counters.md, "Cancellation").
     """
 
     def __init__(
@@ -894,7 +898,9 @@ class AsyncBatchingCounters(_ErrorReports):
                 backoff = min(max(backoff * 2, min(interval, 0.5)), _MAX_BACKOFF)
 
     async def aclose(self) -> FlushStats:
-        """Stop the flusher, write what is buffered and refuse further increments.
+        """Stop the flusher, write what is buffered and refuse further increments (a write
+        in progress goes on: the flusher's cancellation does not reach it, and this waits
+        for it before writing the rest).
 
         Raises BufferFlushFailed if the last writes fail (after a few attempts); the
         increments then stay in memory, and :meth:`flush` may be tried again.
