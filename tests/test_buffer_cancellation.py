@@ -471,3 +471,65 @@ def test_a_redis_flush_interrupted_at_any_line_loses_and_doubles_nothing(
             own.close()
     assert len(done) > 50
     assert values(pc) == truth
+
+
+def test_a_service_shutting_down_on_a_plain_pool_writes_everything_it_acknowledged(
+    dsn: str, pc: Counters, conn: Conn
+) -> None:
+    """The report's service: request tasks incrementing while the flusher writes, and the
+    lifespan's ``aclose()`` at an arbitrary moment, fifteen times."""
+    pc.create_counter("views", key=int)
+    acknowledged: collections.Counter[int] = collections.Counter()
+
+    async def request(events: AsyncBatchingCounters, r: int) -> None:
+        for i in range(60):
+            await events.incr("views", (r + i) % 5)
+            acknowledged[(r + i) % 5] += 1
+            if i % 7 == 0:
+                await asyncio.sleep(0.001)
+
+    async def main() -> None:
+        async with AsyncConnectionPool(dsn, min_size=2, max_size=2, open=False) as pool:
+            for run in range(15):
+                events = AsyncBatchingCounters(pool, interval=0.002, max_pending=40)
+                events.start()
+                await asyncio.gather(*(request(events, r) for r in range(8)))
+                await asyncio.sleep(0.001 * run)  # the flusher caught at another point
+                await events.aclose()
+                assert events.pending() == 0
+
+    asyncio.run(main())
+    assert {k: pc.get("views", k) for k in range(5)} == dict(acknowledged)
+    assert open_transactions(conn) == 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_flusher_thread_that_dies_loses_nothing(dsn: str, pc: Counters, conn: Conn) -> None:
+    """The background thread dies (its ``on_error`` raised SystemExit): the buffer keeps the
+    batch it failed to write, a full buffer is written by the ``incr`` that fills it, and
+    ``close()`` writes the rest."""
+    from test_batching import block_queue_writes, unblock_queue_writes
+
+    pc.create_counter("c", key=int)
+
+    def die(exc: BaseException) -> None:
+        raise SystemExit(f"the flusher's error handler ended its thread: {exc}")
+
+    block_queue_writes(conn)
+    events = BatchingCounters(dsn, interval=0.01, max_pending=30, on_error=die)
+    for i in range(10):
+        events.incr("c", i % 2)
+    thread = events._thread
+    assert thread is not None
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert events.pending() == 10  # the failed batch is kept
+    unblock_queue_writes(conn)
+    for i in range(30):  # the 30th new increment fills the buffer: written by that incr
+        events.incr("c", i % 2)
+    assert events.pending() == 0
+    assert (pc.get("c", 0), pc.get("c", 1)) == (20, 20)
+    for _ in range(4):
+        events.incr("c", 0)
+    events.close()
+    assert (pc.get("c", 0), pc.get("c", 1)) == (24, 20)
