@@ -33,6 +33,8 @@ from pgcounters.connection import Conn
 Truth = collections.Counter[tuple[str, int]]
 NAMES = ("q", "u", "d")  # one counter of each mode: queued, unlogged, direct
 KINDS = ("pool", "autocommit pool", "connection", "autocommit connection")
+SETTINGS = ("serializable pool", "serializable connection")
+"""Other connection settings a pool or a connection may come with: the same flushes."""
 
 
 class _Arm:
@@ -91,8 +93,14 @@ async def database(
     kind: str, dsn: str
 ) -> AsyncIterator[AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any]]:
     autocommit = kind.startswith("autocommit")
+    kwargs: dict[str, Any] = {"autocommit": True} if autocommit else {}
+    if kind.startswith("serializable"):
+        # every transaction serializable, statements prepared at once, a short timeout
+        kwargs["options"] = (
+            "-c default_transaction_isolation=serializable -c statement_timeout=30000"
+        )
+        kwargs["prepare_threshold"] = 0
     if kind.endswith("pool"):
-        kwargs: dict[str, Any] = {"autocommit": True} if autocommit else {}
         async with AsyncConnectionPool(
             dsn,
             min_size=1,
@@ -103,7 +111,7 @@ async def database(
         ) as pool:
             yield pool
     else:
-        aconn = await InterruptedConnection.connect(dsn, autocommit=autocommit)
+        aconn = await InterruptedConnection.connect(dsn, **kwargs)
         async with aconn:
             yield aconn
 
@@ -157,7 +165,7 @@ async def cancelled_at(
 
 @pytest.mark.parametrize("target", ["caller", "writer"])
 @pytest.mark.parametrize("mode", ["during", "after"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + SETTINGS)
 def test_a_flush_cancelled_at_any_wait_loses_and_doubles_nothing(
     dsn: str, pc: Counters, conn: Conn, kind: str, mode: str, target: str
 ) -> None:
