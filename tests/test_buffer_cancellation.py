@@ -541,3 +541,49 @@ def test_a_flusher_thread_that_dies_loses_nothing(dsn: str, pc: Counters, conn: 
         events.incr("c", 0)
     events.close()
     assert (pc.get("c", 0), pc.get("c", 1)) == (24, 20)
+
+
+@pytest.mark.parametrize("given", ["dsn", "connection", "autocommit connection"])
+def test_ctrl_c_while_a_sync_flush_waits_for_the_database(
+    dsn: str, pc: Counters, conn: Conn, given: str
+) -> None:
+    """A real KeyboardInterrupt (``_thread.interrupt_main``, as Ctrl-C) while the flush's
+    write waits on a lock: the driver cancels the statement, the batch is kept, and the
+    next flush writes it once."""
+    import _thread
+
+    pc.create_counter("c", key=int)
+    own = None if given == "dsn" else psycopg.connect(dsn, autocommit=given != "connection")
+    events = BatchingCounters(own or dsn, interval=None, flush_at_exit=False)
+    try:
+        for i in range(90):
+            events.incr("c", i % 3)
+        with psycopg.connect(dsn, autocommit=True) as locker:
+            block_with_lock(locker)
+
+            stop = threading.Event()
+
+            def interrupt_when_waiting() -> None:
+                with psycopg.connect(dsn, autocommit=True) as observer:
+                    while not stop.wait(0.01):
+                        if waiting_writers(observer) == 1:
+                            _thread.interrupt_main()
+                            return
+
+            watcher = threading.Thread(target=interrupt_when_waiting)
+            watcher.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    events.flush()
+            finally:
+                stop.set()
+                watcher.join()
+            locker.execute("COMMIT")
+        assert events.pending() == 90
+        events.flush()
+        assert open_transactions(conn) == 0
+        assert [pc.get("c", k) for k in range(3)] == [30, 30, 30]
+        events.close()
+    finally:
+        if own is not None:
+            own.close()
