@@ -587,3 +587,55 @@ def test_ctrl_c_while_a_sync_flush_waits_for_the_database(
     finally:
         if own is not None:
             own.close()
+
+
+class InterruptedSyncConnection(psycopg.Connection[Any]):
+    """A real connection raising KeyboardInterrupt right after its ``interrupt_at``-th wait
+    (a Ctrl-C arriving as a result comes in); 0: never."""
+
+    interrupt_at = 0
+    seen = 0
+    fired = False
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        result = super().wait(gen, *args, **kwargs)
+        if self.interrupt_at and not self.fired:
+            self.seen += 1
+            if self.seen == self.interrupt_at:
+                self.fired = True
+                raise KeyboardInterrupt(f"after wait {self.seen}")
+        return result
+
+
+@pytest.mark.parametrize("autocommit", [False, True])
+def test_ctrl_c_after_any_wait_of_a_sync_flush_on_a_given_connection(
+    dsn: str, pc: Counters, conn: Conn, autocommit: bool
+) -> None:
+    """A given connection is left as the interrupt found it (mid-COPY, in a transaction):
+    the buffer brings it back to idle, and the next flush writes everything once."""
+    declare(pc)
+    truth: Truth = collections.Counter()
+    given = InterruptedSyncConnection.connect(dsn, autocommit=autocommit)
+    events = BatchingCounters(given, interval=None, flush_at_exit=False)
+    at = 1
+    try:
+        while True:
+            for name in NAMES:
+                for k in range(3):
+                    events.incr(name, k, at)
+                    truth[(name, k)] += at
+            given.interrupt_at, given.seen, given.fired = at, 0, False
+            with contextlib.suppress(KeyboardInterrupt):
+                events.flush()
+            fired, given.interrupt_at = given.fired, 0
+            events.flush()
+            assert open_transactions(conn) == 0
+            assert values(pc) == truth, f"interrupted after wait {at}"
+            if not fired:
+                break
+            at += 1
+        events.close()
+    finally:
+        given.close()
+    assert at > 4
+    assert values(pc) == truth
