@@ -334,3 +334,30 @@ def test_a_counter_dropped_and_recreated_meanwhile_gets_the_buffered_increments(
         assert pc.get("c", 1) == 3
     finally:
         batcher.close()
+
+
+def test_a_batch_committed_before_its_counter_was_dropped_is_not_kept_again(
+    dsn: str, pc: Counters
+) -> None:
+    """A batch whose commit went through but whose bookkeeping did not (the flush was
+    interrupted between the two) is written again later, after one of its counters was
+    dropped: its id is recorded, so nothing of it is written or kept again (the dropped
+    counter's increments went with it, and a counter declared again under its name does
+    not get them a second time)."""
+    from pgcounters.flushlog import write_flush
+
+    pc.create_counter("a", key=int)
+    pc.create_counter("b", key=int)
+    events = BatchingCounters(dsn, interval=None, flush_at_exit=False)
+    events.incr("a", 1, 3)
+    events.incr("b", 1, 4)
+    (batch,) = events._pending.cut()
+    rows = [(pc.counter(n), ("1",), d) for n, d in (("a", 3), ("b", 4))]
+    written, held = write_flush(pc, batch.flush_id, events.buffer, rows)
+    assert (written, held) == (True, [])
+    pc.drop_counter("b")
+    stats = events.flush()  # the same batch again, not in doubt as far as it knows
+    assert (stats.batches, events.pending()) == (1, 0)
+    pc.create_counter("b", key=int)
+    events.close()
+    assert (pc.get("a", 1), pc.get("b", 1)) == (3, 0)

@@ -314,7 +314,7 @@ def test_redis_unreachable_is_a_clear_error_or_the_database_fallback(
         RedisBuffer(dsn, "http://example")
 
 
-def test_old_flush_records_are_pruned_but_not_while_in_doubt(
+def test_old_flush_records_are_pruned_by_age(
     dsn: str, server: EmbeddedRedis, buf: RedisBuffer, pc: Counters, conn: Conn
 ) -> None:
     pc.create_counter("c")
@@ -327,7 +327,7 @@ def test_old_flush_records_are_pruned_but_not_while_in_doubt(
     conn.execute("UPDATE pgcounters.buffer_flushes SET applied_at = now() - interval '8 days'")
     buf.incr("c")
     with RedisBuffer(dsn, server.url()) as other:
-        # this flush prunes old records, except the one still in flight
+        # the flush in flight is recovered first (found recorded, its age renewed)
         result = other.flush()
     assert (result.recovered, result.skipped, result.flushes) == (1, 1, 1)
     assert pc.get("c") == 2
@@ -341,6 +341,67 @@ def test_old_flush_records_are_pruned_but_not_while_in_doubt(
     buf.flush()
     assert flush_count(conn) == 1  # only the newest remains
     assert pc.get("c") == 4
+
+
+def _die_after_commit(flush_id: str) -> None:
+    raise RuntimeError(f"the flusher died after committing {flush_id}")
+
+
+def test_a_flush_in_doubt_is_not_pruned_by_a_fresh_flush_recorded_before_it(
+    dsn: str, server: EmbeddedRedis, buf: RedisBuffer, pc: Counters, conn: Conn
+) -> None:
+    """Two flushes in flight: A taken by a flusher that died before writing it, B committed
+    (8 days ago) by one that died before acknowledging it. The next flush recovers A first:
+    A is recorded now, which prunes the old records, but never B's, still in doubt; then B
+    is found recorded, and counted once."""
+    pc.create_counter("c")
+    buf.incr("c", delta=10)
+    buf.after_commit = _die_after_commit
+    with pytest.raises(RuntimeError):
+        buf.flush()
+    buf.after_commit = None
+    (b_id,) = [i.decode() for i in buf.redis.zrange(buf.inflight_key, 0, -1)]  # type: ignore[union-attr]
+    conn.execute("UPDATE pgcounters.buffer_flushes SET applied_at = now() - interval '8 days'")
+    buf.incr("c", delta=1)
+    # a flusher takes the pending hash (A) and dies before it writes anything
+    a_id = buf._take(
+        keys=[buf.pending_key, buf.next_key, buf.inflight_key],
+        args=[buf.flush_prefix, "0" * 32, "f" * 32],
+    ).decode()
+    # A was taken a second before B (the other flusher read the in-flight set before A)
+    b_score = buf.redis.zscore(buf.inflight_key, b_id)
+    assert b_score is not None
+    buf.redis.zadd(buf.inflight_key, {a_id: b_score - 1}, xx=True)
+    assert buf.get("c") == 11
+    with RedisBuffer(dsn, server.url()) as other:
+        result = other.flush()
+    assert pc.get("c") == 11
+    assert (result.recovered, result.flushes, result.skipped) == (2, 1, 1)
+    assert buf.pending() == (0, 0)
+
+
+def test_a_flush_in_doubt_in_one_slot_is_not_pruned_by_a_flush_of_another(
+    dsn: str, server: EmbeddedRedis, pc: Counters, conn: Conn
+) -> None:
+    """Slots of one buffer share its name in the flush log: a fresh flush of slot 0 prunes
+    the name's old records, and spares the flushes in flight in every slot."""
+    pc.create_counter("c", key=int)
+    with RedisBuffer(dsn, server.url(), slots=2) as buf:
+        zero = next(k for k in range(100) if buf.slot_of(buf.field("c", k)) == buf.slots[0])
+        one = next(k for k in range(100) if buf.slot_of(buf.field("c", k)) == buf.slots[1])
+        buf.incr("c", one, 10)
+        buf.after_commit = _die_after_commit
+        with pytest.raises(RuntimeError):
+            buf.flush()  # slot 1's flush committed, still in flight
+        buf.after_commit = None
+        assert buf.pending() == (0, 1)
+        conn.execute("UPDATE pgcounters.buffer_flushes SET applied_at = now() - interval '8 days'")
+        buf.incr("c", zero, 1)
+        with RedisBuffer(dsn, server.url(), slots=2) as other:
+            result = other.flush()  # slot 0 first: a fresh flush; then slot 1's recovered
+        assert (pc.get("c", zero), pc.get("c", one)) == (1, 10)
+        assert (result.recovered, result.flushes, result.skipped) == (1, 1, 1)
+        assert buf.pending() == (0, 0)
 
 
 def test_two_flushers_recovering_the_same_flush_apply_it_once(

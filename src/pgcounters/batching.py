@@ -28,8 +28,10 @@ refuses new increments with :class:`BufferFull` (refused, not acknowledged).
 error is raised by an explicit ``flush``, and reported by the background
 flusher (logged, kept in :attr:`BatchingCounters.last_error`, passed to
 ``on_error``), which retries with a backoff. A batch whose COMMIT outcome is
-unknown (the connection broke) is looked up by its flush id before it is
-written again, so it is never counted twice.
+unknown (the connection broke, the write was interrupted or cancelled) is
+looked up by its flush id, in the transaction that would write it again, so it
+is never counted twice. An exception at any point of a flush (``KeyboardInterrupt``,
+a task's cancellation) loses and doubles nothing: see :class:`_Pending`.
 
 **Transactions.** Increments made through :meth:`BatchingCounters.transaction`
 (psycopg) or an :class:`IncrementGroup` committed from Django's
@@ -72,14 +74,14 @@ from pgcounters.flushlog import (
     check_buffer_name,
     exact_with_flushes,
     exact_with_flushes_plan,
-    flush_recorded,
-    flush_recorded_plan,
     new_flush_id,
+    own_transaction,
+    settle_async,
     write_flush,
     write_flush_plan,
 )
 from pgcounters.keys import BIGINT_MAX, BIGINT_MIN, check_delta, encode_key
-from pgcounters.plans import AsyncConn, Plan
+from pgcounters.plans import AsyncConn
 
 log = logging.getLogger("pgcounters.batching")
 
@@ -107,6 +109,8 @@ class _Batch:
     deltas: dict[BufferKey, int]
     increments: int
     in_doubt: bool = False
+    sealed: bool = False
+    """Cut for a write: it takes no more increments (an open batch is never written)."""
 
 
 @dataclass(frozen=True)
@@ -128,76 +132,95 @@ def _summed(current: int, delta: int, name: str) -> int:
 
 
 class _Pending:
-    """The increments a buffer holds: netted per counter and key, and the batches cut from
-    them that are not written yet. What the sync and the async buffers share; a short
-    ``threading.Lock`` guards it (held for dictionary updates only, never across I/O)."""
+    """The increments a buffer holds, netted per counter and key, as batches (oldest first):
+    the last one is open (it takes the new increments) unless it is sealed; the sealed ones
+    are cut for a write and not written yet. What the sync and the async buffers share; a
+    short ``threading.Lock`` guards it (held for dictionary updates only, never across I/O).
+
+    Every increment lives in exactly one batch, and every change of state is one step (a
+    batch appended, removed or sealed; a dictionary updated), so that an exception raised
+    between any two lines (``KeyboardInterrupt``, a task's cancellation) leaves an increment
+    either in a batch or not acknowledged, never in two.
+    """
 
     def __init__(self, max_pending: int, max_buffered: int) -> None:
         self.max_pending = max_pending
         self.max_buffered = max_buffered
         self.lock = threading.Lock()
-        self.buf: dict[BufferKey, int] = {}
-        self.count = 0
         self.batches: list[_Batch] = []
-        self.batched_keys = 0
         self.closed = False
+
+    def _open(self) -> _Batch:
+        """The batch taking increments (a new one when the last is sealed)."""
+        if self.batches and not self.batches[-1].sealed:
+            return self.batches[-1]
+        batch = _Batch(new_flush_id(), {}, 0)
+        self.batches.append(batch)
+        return batch
 
     def check_room(self, new_keys: int, last_error: BaseException | None) -> None:
         """Refuse an increment to a closed or full buffer (call with the lock held)."""
         if self.closed:
             raise BufferClosed()
-        if new_keys and len(self.buf) + self.batched_keys + new_keys > self.max_buffered:
-            raise BufferFull(
-                f"{len(self.buf) + self.batched_keys} keys are buffered and not written "
-                f"(max_buffered={self.max_buffered}); last error: {last_error}"
-            )
+        if new_keys:
+            held = sum(len(b.deltas) for b in self.batches)
+            if held + new_keys > self.max_buffered:
+                raise BufferFull(
+                    f"{held} keys are buffered and not written "
+                    f"(max_buffered={self.max_buffered}); last error: {last_error}"
+                )
 
     def absorb(
         self, deltas: dict[BufferKey, int], increments: int, last_error: BaseException | None
     ) -> bool:
         """Add validated, netted increments, all or none; True when the buffer is full."""
         with self.lock:
-            self.check_room(sum(1 for k in deltas if k not in self.buf), last_error)
-            merged = {k: _summed(self.buf.get(k, 0), d, k[0]) for k, d in deltas.items()}
-            self.buf.update(merged)
-            self.count += increments
-            return self.count >= self.max_pending
+            self.check_room(0, last_error)
+            batch = self._open()
+            self.check_room(sum(1 for k in deltas if k not in batch.deltas), last_error)
+            merged = {k: _summed(batch.deltas.get(k, 0), d, k[0]) for k, d in deltas.items()}
+            batch.deltas.update(merged)
+            batch.increments += increments
+            return batch.increments >= self.max_pending
 
     def add(self, k: BufferKey, delta: int, last_error: BaseException | None) -> bool:
         """Add one validated increment; True when the buffer is full."""
         with self.lock:
-            self.check_room(0 if k in self.buf else 1, last_error)
-            self.buf[k] = _summed(self.buf.get(k, 0), delta, k[0])
-            self.count += 1
-            return self.count >= self.max_pending
+            self.check_room(0, last_error)
+            batch = self._open()
+            self.check_room(0 if k in batch.deltas else 1, last_error)
+            batch.deltas[k] = _summed(batch.deltas.get(k, 0), delta, k[0])
+            batch.increments += 1
+            return batch.increments >= self.max_pending
 
     def cut(self) -> list[_Batch]:
-        """Make what is buffered a batch; every batch not yet written, oldest first."""
+        """Seal the open batch (if it holds anything); every sealed batch, oldest first."""
         with self.lock:
-            if self.buf:
-                batch = _Batch(new_flush_id(), self.buf, self.count)
-                self.batches.append(batch)
-                self.batched_keys += len(batch.deltas)
-                self.buf = {}
-                self.count = 0
-            return list(self.batches)
+            if self.batches and self.batches[-1].deltas:
+                self.batches[-1].sealed = True
+            return [b for b in self.batches if b.sealed]
 
     def written(self, batch: _Batch) -> None:
         with self.lock:
-            self.batches.remove(batch)
-            self.batched_keys -= len(batch.deltas)
+            if batch in self.batches:
+                self.batches.remove(batch)
 
     def written_but(self, batch: _Batch, held: list[EncodedIncrement]) -> BufferFlushFailed:
         """``batch`` was written but for ``held`` (increments of counters dropped meanwhile):
         those are buffered again, to be written if their counter is declared again, and
         no longer stand in the way of the others. The error to raise."""
         with self.lock:
-            self.batches.remove(batch)
-            self.batched_keys -= len(batch.deltas)
-            for counter, encoded, delta in held:
-                k = (counter.name, encoded)
-                self.buf[k] = _summed(self.buf.get(k, 0), delta, counter.name)
-                self.count += 1
+            # held first, then the batch removed: interrupted between the two, the batch is
+            # written again, found recorded, and nothing of it is written twice
+            again = self._open()
+            merged = {
+                (c.name, encoded): _summed(again.deltas.get((c.name, encoded), 0), d, c.name)
+                for c, encoded, d in held
+            }
+            again.deltas.update(merged)
+            again.increments += len(held)
+            if batch in self.batches:
+                self.batches.remove(batch)
         names = ", ".join(sorted({repr(c.name) for c, _, _ in held}))
         return BufferFlushFailed(
             f"counter {names} was dropped after increments to it were buffered: {len(held)} "
@@ -207,14 +230,17 @@ class _Pending:
 
     def pending(self) -> int:
         with self.lock:
-            return self.count + sum(b.increments for b in self.batches)
+            return sum(b.increments for b in self.batches)
 
-    def unwritten(self, k: BufferKey) -> tuple[list[tuple[str, int, bool]], int]:
-        """``(flush id, delta of k, in doubt)`` of each batch not written; k's buffered delta."""
+    def in_doubt(self) -> list[str]:
+        """The flush ids of the batches whose write may have committed."""
         with self.lock:
-            return [(b.flush_id, b.deltas.get(k, 0), b.in_doubt) for b in self.batches], (
-                self.buf.get(k, 0)
-            )
+            return [b.flush_id for b in self.batches if b.in_doubt]
+
+    def unwritten(self, k: BufferKey) -> list[tuple[str, int, bool]]:
+        """``(flush id, delta of k, in doubt)`` of each batch not written (the open one too)."""
+        with self.lock:
+            return [(b.flush_id, b.deltas.get(k, 0), b.in_doubt) for b in self.batches]
 
     def close(self) -> None:
         with self.lock:
@@ -476,16 +502,14 @@ class BatchingCounters(_ErrorReports):
         with self._link.lock:
             try:
                 pc = self._link.counters()
-                if batch.in_doubt and flush_recorded(pc, batch.flush_id):
-                    log.info(
-                        "batch %s had been committed before its connection broke", batch.flush_id
-                    )
-                    return
-                _, held = write_flush(
+                # a batch in doubt is looked up first, in the write's own transaction
+                written, held = write_flush(
                     pc,
                     batch.flush_id,
                     self.buffer,
                     items,
+                    keep=self._pending.in_doubt(),
+                    look_up=batch.in_doubt,
                     redeclared=self._link.redeclared,
                 )
             except BaseException as exc:
@@ -499,6 +523,8 @@ class BatchingCounters(_ErrorReports):
                     f"could not write {batch.increments} buffered increments "
                     f"({len(items)} keys): {exc}; they are kept and retried"
                 ) from exc
+        if not written:
+            log.info("batch %s had been committed already; not written again", batch.flush_id)
         if held:  # the rest is committed: only these stay
             raise self._pending.written_but(batch, held)
 
@@ -511,11 +537,11 @@ class BatchingCounters(_ErrorReports):
         k = self.validate(name, key, 0)
         counter = self._link.counter(name)
         with self._flush_lock:  # no write in progress
-            unwritten, local = self._pending.unwritten(k)
+            unwritten = self._pending.unwritten(k)
             doubtful = [fid for fid, _, doubt in unwritten if doubt]
             with self._link.lock:
                 value, recorded = exact_with_flushes(self._link.counters(), counter, k[1], doubtful)
-        return value + local + sum(d for fid, d, _ in unwritten if fid not in recorded)
+        return value + sum(d for fid, d, _ in unwritten if fid not in recorded)
 
     # -- the background flusher and the end of life ---------------------------
 
@@ -619,8 +645,10 @@ class AsyncBatchingCounters(_ErrorReports):
     between ``start()`` and ``aclose()``); there is no exit hook: what is buffered when the
     loop ends without ``aclose()`` is lost, like a sync buffer's on SIGKILL.
 
-    On a pool each write borrows a connection; a connection given alone must be in
-    autocommit mode and used by this buffer only.
+    On a pool (autocommit or not) each write borrows a connection; a connection given
+    alone (autocommit or not) must be used by this buffer only. Each write runs in a
+    shielded task of its own: a cancelled ``flush()`` (or flusher, or ``aclose()``) never
+    interrupts a write half-way (see docs/event-counters.md, "Cancellation").
     """
 
     def __init__(
@@ -648,6 +676,9 @@ class AsyncBatchingCounters(_ErrorReports):
         self._flush_lock: asyncio.Lock | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[FlushStats]] = set()
+        self._unsettled = False
+        """A write was interrupted on the buffer's single connection: settle it first."""
 
     async def counter(self, name: str, *, conn: AsyncConn | None = None) -> Counter:
         """A counter's declaration, read once (as :class:`BatchingCounters` does): on
@@ -655,7 +686,7 @@ class AsyncBatchingCounters(_ErrorReports):
         found = self._declared.get(name)
         if found is None:
             if conn is None:
-                found = await self.client.counter(name)
+                found = await self.client._run(own_transaction(self.client._counter(name)))
             else:
                 found = await plans.run_async(self.client._counter(name), conn)
             if found.scale is not None:
@@ -744,8 +775,36 @@ class AsyncBatchingCounters(_ErrorReports):
         return self._flush_lock
 
     async def flush(self) -> FlushStats:
-        """Write everything buffered now. Raises BufferFlushFailed (keeping it) on failure."""
-        async with self._lock():
+        """Write everything buffered now. Raises BufferFlushFailed (keeping it) on failure.
+
+        The write runs in a task of its own, shielded: cancelling ``flush()`` (or the task
+        awaiting it) at any point never interrupts a write half-way; the write goes on,
+        and the next ``flush()``, ``get()`` or ``aclose()`` waits for it first.
+        """
+        write = asyncio.get_running_loop().create_task(
+            self._flush_now(), name=f"pgcounters-batching-{self.buffer}-write"
+        )
+        self._writes.add(write)
+        write.add_done_callback(self._write_done)
+        return await asyncio.shield(write)
+
+    def _write_done(self, write: asyncio.Task[FlushStats]) -> None:
+        self._writes.discard(write)
+        if write.cancelled():
+            return
+        exc = write.exception()  # retrieved: its caller may have left (cancelled)
+        if exc is not None and not isinstance(exc, BufferFlushFailed):
+            log.error("pgcounters batching buffer %r: a write failed: %r", self.buffer, exc)
+
+    async def _settle(self) -> None:
+        conn = self.client._conn
+        if self._unsettled and conn is not None:
+            await settle_async(conn)
+        self._unsettled = False
+
+    async def _flush_now(self) -> FlushStats:
+        async with self._lock():  # one write at a time, in the order they were asked for
+            await self._settle()
             batches = self._pending.cut()
             keys = increments = 0
             for batch in batches:
@@ -769,30 +828,32 @@ class AsyncBatchingCounters(_ErrorReports):
             for (name, encoded), delta in batch.deltas.items()
             if delta != 0
         ]
-        client = self.client
-
-        def write() -> Plan[tuple[bool, list[EncodedIncrement]]]:
-            if batch.in_doubt and (yield from flush_recorded_plan(batch.flush_id)):
-                log.info("batch %s had been committed before its connection broke", batch.flush_id)
-                return False, []
-            return (
-                yield from write_flush_plan(
-                    client, batch.flush_id, self.buffer, items, redeclared=self._redeclared
+        try:
+            # a batch in doubt is looked up first, in the write's own transaction
+            written, held = await self.client._run(
+                write_flush_plan(
+                    self.client,
+                    batch.flush_id,
+                    self.buffer,
+                    items,
+                    keep=self._pending.in_doubt(),
+                    look_up=batch.in_doubt,
+                    redeclared=self._redeclared,
                 )
             )
-
-        try:
-            _, held = await client._run(write())
         except BaseException as exc:
             # whatever happened, the batch may or may not have been committed: look its
             # id up before writing it again
             batch.in_doubt = True
+            self._unsettled = True
             if not isinstance(exc, Exception):
                 raise
             raise BufferFlushFailed(
                 f"could not write {batch.increments} buffered increments "
                 f"({len(items)} keys): {exc}; they are kept and retried"
             ) from exc
+        if not written:
+            log.info("batch %s had been committed already; not written again", batch.flush_id)
         if held:  # the rest is committed: only these stay
             raise self._pending.written_but(batch, held)
 
@@ -801,12 +862,13 @@ class AsyncBatchingCounters(_ErrorReports):
         k = await self.validate(name, key, 0)
         counter = self._declared[name]
         async with self._lock():  # no write in progress
-            unwritten, local = self._pending.unwritten(k)
+            await self._settle()
+            unwritten = self._pending.unwritten(k)
             doubtful = [fid for fid, _, doubt in unwritten if doubt]
             value, recorded = await self.client._run(
-                exact_with_flushes_plan(counter, k[1], doubtful)
+                own_transaction(exact_with_flushes_plan(counter, k[1], doubtful))
             )
-        return value + local + sum(d for fid, d, _ in unwritten if fid not in recorded)
+        return value + sum(d for fid, d, _ in unwritten if fid not in recorded)
 
     # -- the flusher task ---------------------------------------------------------
 
@@ -836,7 +898,9 @@ class AsyncBatchingCounters(_ErrorReports):
                 backoff = min(max(backoff * 2, min(interval, 0.5)), _MAX_BACKOFF)
 
     async def aclose(self) -> FlushStats:
-        """Stop the flusher, write what is buffered and refuse further increments.
+        """Stop the flusher, write what is buffered and refuse further increments (a write
+        in progress goes on: the flusher's cancellation does not reach it, and this waits
+        for it before writing the rest).
 
         Raises BufferFlushFailed if the last writes fail (after a few attempts); the
         increments then stay in memory, and :meth:`flush` may be tried again.

@@ -9,14 +9,16 @@ once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.generators import copy_end
 
 from pgcounters import plans
 from pgcounters.client import Counter, Counters, _CounterPlans, _row_to_counter, array_literal
@@ -33,6 +35,7 @@ from pgcounters.plans import Connection, ConnState, Copy, Execute, Plan, Transac
 from pgcounters.sqlfiles import query
 
 BUFFER_NAME_RE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+T = TypeVar("T")
 _INHERITED: list[Conn] = []  # connections of a parent process, never closed
 
 
@@ -76,8 +79,7 @@ class DbLink:
         """A counter's declaration, looked up once (UnknownCounter if it is not declared)."""
         found = self._declared.get(name)
         if found is None:
-            with self.lock:
-                found = self.counters().counter(name)
+            found = self.run(lambda pc: pc._counter(name))
             if found.scale is not None:
                 # buffered deltas are whole numbers, which it would read as units of 10^-scale
                 raise InvalidCounterDefinition(
@@ -86,6 +88,13 @@ class DbLink:
                 )
             self._declared[name] = found
         return found
+
+    def run(self, make: Callable[[Counters], Plan[T]]) -> T:
+        """Run the plan ``make(client)`` on the link's connection, in a transaction of its own
+        unless the connection is in autocommit mode (see :func:`own_transaction`)."""
+        with self.lock:
+            pc = self.counters()
+            return plans.run(own_transaction(make(pc)), pc.conn)
 
     def redeclared(self, counter: Counter) -> None:
         """Use ``counter`` from now on for its name (it was dropped and declared again)."""
@@ -105,11 +114,14 @@ class DbLink:
         return self._pc
 
     def reset(self) -> None:
-        """Forget a connection that failed (an owned one is closed and reopened on next use)."""
+        """Forget a connection that failed (an owned one is closed and reopened on next use;
+        a given one is brought back to idle, see :func:`settle`)."""
         with self.lock:
             if self._dsn is not None and self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            elif self._conn is not None:
+                settle(self._conn)
             self._pc = None
 
     @classmethod
@@ -149,11 +161,15 @@ def write_flush(
     rows: Sequence[EncodedIncrement],
     *,
     keep: Iterable[str] = (),
+    look_up: bool = False,
     redeclared: Callable[[Counter], None] | None = None,
 ) -> tuple[bool, list[EncodedIncrement]]:
     """Write ``rows`` and record ``flush_id`` in one transaction (see :func:`write_flush_plan`)."""
     return plans.run(
-        write_flush_plan(pc, flush_id, buffer, rows, keep=keep, redeclared=redeclared), pc.conn
+        write_flush_plan(
+            pc, flush_id, buffer, rows, keep=keep, look_up=look_up, redeclared=redeclared
+        ),
+        pc.conn,
     )
 
 
@@ -164,6 +180,7 @@ def write_flush_plan(
     rows: Sequence[EncodedIncrement],
     *,
     keep: Iterable[str] = (),
+    look_up: bool = False,
     redeclared: Callable[[Counter], None] | None = None,
 ) -> Plan[tuple[bool, list[EncodedIncrement]]]:
     """Write ``rows`` and record ``flush_id`` in one transaction.
@@ -174,7 +191,13 @@ def write_flush_plan(
     still use). Returns whether it wrote (False, and nothing written, when the
     flush was already recorded), and the increments of counters dropped since the
     buffer looked them up, not written (the rest is): the buffer keeps them. The
-    connection must not be inside a transaction. ``redeclared`` is told of a
+    connection must not be inside a transaction (autocommit or not). ``look_up``
+    (a batch in doubt): the flush id is looked up first, in the same transaction,
+    and nothing else is read or written if it is recorded; recording it is the
+    last guard either way (an id recorded is never applied twice). ``keep``: the
+    ids the caller holds in doubt, which the pruning of old records spares (the
+    buffer's records are pruned by every fresh flush of its name, whichever
+    process or slot writes it). ``redeclared`` is told of a
     counter declared again (dropped and created under its name) since the
     buffer looked it up. A plan: the sync buffers run it on a connection, the
     async one on an async connection.
@@ -186,6 +209,8 @@ def write_flush_plan(
     held: list[EncodedIncrement] = []
 
     def body() -> Plan[bool]:
+        if look_up and (yield from flush_recorded_plan(flush_id)):
+            return False
         by_queue: dict[str, list[EncodedIncrement]] = {"queued": [], "unlogged": [], "direct": []}
         # the declarations as they are now: a counter dropped and created again under
         # its name since the buffer looked it up has a new id (the old one's deltas
@@ -204,6 +229,7 @@ def write_flush_plan(
             "one",
         )  # fmt: skip
         if not (row and row[0]):
+            held.clear()  # recorded before: nothing of it is written now, nothing kept
             return False
         for mode, statement in (("queued", "copy_queue"), ("unlogged", "copy_queue_unlogged")):
             if by_queue[mode]:
@@ -259,9 +285,51 @@ def _current(
     return out, dropped
 
 
+_INTERRUPTED_COPY = b"pgcounters: the buffer's write was interrupted"
+
+
+def settle(conn: Conn) -> None:
+    """Bring a buffer's own connection back to idle after a write was interrupted on it
+    (``KeyboardInterrupt``): a COPY interrupted as it began is left open by the driver, and
+    is ended here (refused: nothing of it is written); an open transaction is rolled back."""
+    if conn.closed or conn.broken:
+        return
+    if conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
+        with conn.lock, contextlib.suppress(psycopg.Error):
+            conn.wait(copy_end(conn.pgconn, _INTERRUPTED_COPY))
+    if conn.info.transaction_status in _IN_TRANSACTION:
+        conn.rollback()
+
+
+async def settle_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`settle` for an async connection (after a write cancelled from outside)."""
+    if conn.closed or conn.broken:
+        return
+    if conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
+        async with conn.lock:
+            with contextlib.suppress(psycopg.Error):
+                await conn.wait(copy_end(conn.pgconn, _INTERRUPTED_COPY))
+    if conn.info.transaction_status in _IN_TRANSACTION:
+        await conn.rollback()
+
+
+_IN_TRANSACTION = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
+
+
+def own_transaction(plan: Plan[T]) -> Plan[T]:
+    """``plan`` in a transaction of its own unless the connection is in autocommit mode (where
+    each statement is one): a buffer's reads never leave a transaction open behind them on a
+    connection that is not in autocommit mode."""
+    conn: ConnState = yield Connection()
+    if conn.autocommit:
+        return (yield from plan)
+    result: T = yield Transaction(plan)
+    return result
+
+
 def flush_recorded(pc: Counters, flush_id: str) -> bool:
     """True when ``flush_id`` was committed."""
-    return plans.run(flush_recorded_plan(flush_id), pc.conn)
+    return plans.run(own_transaction(flush_recorded_plan(flush_id)), pc.conn)
 
 
 def flush_recorded_plan(flush_id: str) -> Plan[bool]:
@@ -274,7 +342,7 @@ def exact_with_flushes(
     pc: Counters, counter: Counter, encoded: Sequence[str], ids: Sequence[str]
 ) -> tuple[int, set[str]]:
     """Exact database value of one counter and which of ``ids`` are recorded, in ONE statement."""
-    return plans.run(exact_with_flushes_plan(counter, encoded, ids), pc.conn)
+    return plans.run(own_transaction(exact_with_flushes_plan(counter, encoded, ids)), pc.conn)
 
 
 def exact_with_flushes_plan(

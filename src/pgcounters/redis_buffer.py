@@ -333,6 +333,7 @@ class RedisBuffer:
             raise ConfigurationError(f"slots must be an int from 1 to {MAX_SLOTS}, got {slots!r}")
         self._link = DbLink(database)
         self._flush_lock = threading.Lock()
+        self._seen_inflight: dict[_Slot, list[str]] = {}
         self.slots: tuple[_Slot, ...] = (
             (_Slot.of(self.prefix, self.name),)
             if slots == 1
@@ -433,8 +434,7 @@ class RedisBuffer:
             exc,
             len(items),
         )
-        with self._link.lock:
-            self._link.counters().incr_many(items)
+        self._link.run(lambda pc: pc._incr_many(items))
 
     # -- reads --------------------------------------------------------------
 
@@ -491,9 +491,22 @@ class RedisBuffer:
         result = FlushResult()
         failures: list[Exception] = []
         with self._flush_lock:
+            # the flushes in flight in EVERY slot: a fresh flush prunes the records of the
+            # buffer's name, whichever slot wrote them, and must spare all of these
+            reachable: list[tuple[_Slot, list[str]]] = []
             for slot in self.slots:
                 try:
-                    result += self._flush_slot(slot)
+                    ids = [_text(i) for i in self.redis.zrange(slot.inflight, 0, -1)]
+                except (*_UNREACHABLE, *_CLUSTER_DOWN) as exc:
+                    failures.append(exc)
+                    continue
+                self._seen_inflight[slot] = ids
+                reachable.append((slot, ids))
+            # an unreachable slot's: as last seen by this process
+            keep = [fid for ids in self._seen_inflight.values() for fid in ids]
+            for slot, ids in reachable:
+                try:
+                    result += self._flush_slot(slot, ids, keep)
                 except (*_UNREACHABLE, *_CLUSTER_DOWN) as exc:
                     failures.append(exc)
         if failures and len(failures) == len(self.slots):
@@ -517,18 +530,17 @@ class RedisBuffer:
             len(failures),
         )
 
-    def _flush_slot(self, slot: _Slot) -> FlushResult:
-        inflight = [_text(i) for i in self.redis.zrange(slot.inflight, 0, -1)]
+    def _flush_slot(self, slot: _Slot, inflight: list[str], keep: list[str]) -> FlushResult:
         result = FlushResult()
         for flush_id in inflight:
-            result += self._apply(slot, flush_id, inflight, recovered=True)
+            result += self._apply(slot, flush_id, keep, recovered=True)
         taken = self._take(
             keys=[slot.pending, slot.next, slot.inflight],
             args=[slot.flush_prefix, new_flush_id(), new_flush_id()],
         )
         if taken:
             flush_id = _text(taken)
-            result += self._apply(slot, flush_id, [*inflight, flush_id], recovered=False)
+            result += self._apply(slot, flush_id, [*keep, flush_id], recovered=False)
         return result
 
     def _parse(self, raw: dict[Any, Any]) -> tuple[list[EncodedIncrement], dict[str, int]]:
@@ -573,8 +585,11 @@ class RedisBuffer:
                     keep=in_doubt,
                     redeclared=self._link.redeclared,
                 )
-            except (psycopg.Error, PgCountersError) as exc:
+            except BaseException as exc:
+                # the taken hash stays in flight in Redis: the next flush looks it up
                 self._link.reset()
+                if not isinstance(exc, psycopg.Error | PgCountersError):
+                    raise
                 raise BufferFlushFailed(
                     f"flush {flush_id} of Redis buffer {self.name!r} could not be written "
                     f"({exc}); it stays in Redis and the next flush applies it"
