@@ -59,11 +59,11 @@ from pgcounters.errors import (
     SchemaError,
     SchemaNotInstalled,
     SchemaVersionMismatch,
-    UnsupportedServer,
     ShardingError,
     StatementTimeout,
     UnknownCounter,
     UnknownQuota,
+    UnsupportedServer,
     WorkerError,
 )
 from pgcounters.estimates import estimate_query, estimate_table
