@@ -249,8 +249,10 @@ class EmbeddedPostgres:
                 f"could not stop the embedded PostgreSQL (process {pid}): {exc}"
             ) from exc
         deadline = time.monotonic() + 60
-        # the server removes its pid file as it exits (its process may linger unreaped)
-        while self._postmaster_pid() == pid and _alive(pid):
+        # until the process has ended: it removes its pid file shortly before it exits (an
+        # exited process nobody reaped counts as ended; another server's pid file stops the
+        # wait)
+        while _alive(pid) and self._postmaster_pid() in (pid, None):
             if time.monotonic() > deadline:
                 raise EmbeddedPostgresError(
                     f"could not stop the embedded PostgreSQL: process {pid} still runs 60 s "
